@@ -1,0 +1,78 @@
+"""Readable torch reference for the tree causal conv1d in front of each GDN layer.
+
+A node's conv window is its own input plus its nearest ancestors' inputs along the root..node
+path, falling back to the committed conv state near the root. Commit keeps the last
+(W - 1) inputs of the accepted path: a gather, no per-node windows are stored.
+
+x [B, T, C] (the conv inputs of every node), weight [C, W] (depthwise, W = 4 in Qwen3.5),
+conv_state [B, C, W - 1] (the last W - 1 committed inputs, oldest first), parents a DraftTree,
+[T] or [B, T].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from treewy.ops.checks import check_accepted, check_finite, check_tensor
+from treewy.tree import validate_parents
+
+
+def _check_conv(x, weight, conv_state, parents):
+    x = check_tensor("x", x)
+    check_tensor("weight", weight, x.device)
+    check_tensor("conv_state", conv_state, x.device)
+    if x.ndim != 3:
+        raise ValueError(f"x has shape {tuple(x.shape)}, expected [B, T, C]")
+    B, T, C = x.shape
+    if weight.ndim != 2 or weight.shape[0] != C:
+        raise ValueError(f"weight has shape {tuple(weight.shape)}, expected [C, W] = [{C}, W] "
+                         "(a depthwise nn.Conv1d weight [C, 1, W] squeezed on dim 1)")
+    W = weight.shape[1]
+    if tuple(conv_state.shape) != (B, C, W - 1):
+        raise ValueError(f"conv_state has shape {tuple(conv_state.shape)}, expected [B, C, W - 1] = "
+                         f"[{B}, {C}, {W - 1}]")
+    check_finite(x=x, weight=weight, conv_state=conv_state)
+    par = validate_parents(parents)
+    if par.ndim == 1:
+        par = par.expand(B, -1)
+    if par.shape != (B, T):
+        raise ValueError(f"parents describe trees of {par.shape[-1]} nodes, but x has T = {T}")
+    return B, T, C, W, par.to(x.device)
+
+
+def _windows(x, conv_state, par, W):
+    """[B, T, C, W] inputs each node's window sees, oldest first."""
+    B, T, C = x.shape
+    rows = torch.arange(B, device=x.device)
+    hist = conv_state.transpose(1, 2)                           # [B, W - 1, C], oldest first
+    win = x.new_empty(B, T, W, C)
+    for t in range(T):
+        p = par[:, t]
+        prev = torch.where((p >= 0)[:, None, None], win[rows, p.clamp(min=0)], torch.cat([hist[:, :1], hist], 1))
+        win[:, t] = torch.cat([prev[:, 1:], x[:, t, None]], dim=1)  # drop the oldest, append this node
+    return win.transpose(2, 3)
+
+
+def naive_tree_conv1d(x, weight, conv_state, parents, bias=None, activation="silu"):
+    """y [B, T, C]: the depthwise causal conv of every node over its own root..node path."""
+    B, T, C, W, par = _check_conv(x, weight, conv_state, parents)
+    win = _windows(x, conv_state.to(x.dtype), par, W)           # [B, T, C, W]
+    y = (win * weight.to(x.dtype)).sum(-1)
+    if bias is not None:
+        y = y + bias.to(x.dtype)
+    if activation == "silu":
+        return F.silu(y)
+    if activation is None:
+        return y
+    raise ValueError(f"activation = {activation!r}: expected 'silu' or None")
+
+
+def naive_tree_conv1d_commit(x, conv_state, parents, accepted):
+    """New conv state [B, C, W - 1]: the last W - 1 inputs on the root..accepted path."""
+    B, T, C = x.shape
+    W = conv_state.shape[-1] + 1
+    _, _, _, _, par = _check_conv(x, x.new_zeros(C, W), conv_state, parents)
+    a = check_accepted(accepted, B, T, x.device)
+    win = _windows(x, conv_state.to(x.dtype), par, W)           # [B, T, C, W]
+    return win[torch.arange(B, device=x.device), a, :, 1:].to(conv_state.dtype)

@@ -1,0 +1,45 @@
+"""The tidy serving table shared by the simulator (treewy.sim) and the vLLM sweep driver (treewy.serve).
+
+One row per (workload, load point, mode). Column names follow ``vllm bench serve``'s result JSON
+where one exists (output_throughput, p99_ttft_ms, mean_tpot_ms, mean_e2el_ms).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+SERVING_SCHEMA: dict[str, pl.DataType] = {
+    "model": pl.String,             # preset name or model path
+    "gpu": pl.String,               # b200 / h200 / h100 / the device name of a real run
+    "tp": pl.Int64,
+    "gmu": pl.Float64,              # gpu-memory-utilization
+    "workload": pl.String,          # sharegpt-chat, spec-bench, balanced-chat, generation-heavy, summarize-heavy
+    "mode": pl.String,              # store_all | reconstruct | none (no speculation)
+    "tree": pl.String,              # branching factors, e.g. "(1, 1, 1)"
+    "num_drafts": pl.Int64,         # N
+    "concurrency": pl.Int64,        # closed loop: max concurrent requests (null for rate points)
+    "request_rate": pl.Float64,     # open loop: Poisson rate in req/s (null for concurrency points)
+    "completed": pl.Int64,
+    "failed": pl.Int64,
+    "output_throughput": pl.Float64,  # output tokens / s
+    "request_throughput": pl.Float64,
+    "mean_ttft_ms": pl.Float64,
+    "p99_ttft_ms": pl.Float64,
+    "mean_tpot_ms": pl.Float64,
+    "mean_e2el_ms": pl.Float64,
+    "peak_kv_usage": pl.Float64,    # fraction of the KV pool (mamba pages included), 0..1
+    "peak_running": pl.Int64,       # peak number of running (admitted) requests
+    "preemptions": pl.Int64,
+    "acceptance_length": pl.Float64,  # tokens emitted per speculative step
+    "simulated": pl.Boolean,
+    "device": pl.String,            # "simulated" or the GPU a measurement ran on
+    "date": pl.String,              # ISO date of the run
+}
+
+
+def serving_frame(rows: list[dict]) -> pl.DataFrame:
+    """A frame in the shared schema; missing columns are null, unknown columns are an error."""
+    extra = {k for r in rows for k in r} - SERVING_SCHEMA.keys()
+    if extra:
+        raise ValueError(f"unknown serving columns {sorted(extra)}; the schema is treewy.schema.SERVING_SCHEMA")
+    return pl.DataFrame([{k: r.get(k) for k in SERVING_SCHEMA} for r in rows], schema=SERVING_SCHEMA)
