@@ -58,15 +58,15 @@ def validate_parents(parents, *, name: str = "parents", max_nodes: int = MAX_NOD
     if isinstance(parents, DraftTree):
         return parents.parents.long()
     t = parents if isinstance(parents, torch.Tensor) else torch.as_tensor(parents)
+    if t.numel() == 0:
+        raise ValueError(f"{name} is empty: a draft tree needs at least its root; "
+                         "use parents=[-1] for a window with no drafts")
     if t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
         raise ValueError(f"{name} must hold integers (int32 or int64), got dtype {t.dtype}; "
                          "pass the parent index of every node, -1 for the root")
     if t.ndim not in (1, 2):
         raise ValueError(f"{name} must be [T] (one tree) or [B, T] (a tree per request), "
                          f"got shape {tuple(t.shape)}")
-    if t.shape[-1] == 0:
-        raise ValueError(f"{name} is empty: a draft tree needs at least its root; "
-                         "use parents=[-1] for a window with no drafts")
     if t.shape[-1] > max_nodes:
         raise ValueError(f"{name} has {t.shape[-1]} nodes, more than the kernels' limit of "
                          f"{max_nodes}; prune the tree to at most {max_nodes - 1} drafts")

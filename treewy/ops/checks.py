@@ -100,3 +100,139 @@ def check_accepted(accepted, B: int, T: int, device) -> torch.Tensor:
 def parents_of(parents) -> torch.Tensor:
     """The parent tensor of a DraftTree or a parent array, validated."""
     return parents.parents.long() if isinstance(parents, DraftTree) else validate_parents(parents)
+
+
+# ---- checks for the Triton kernels (metadata only: they never sync the host) ----
+
+KERNEL_FLOAT_DTYPES = (torch.bfloat16, torch.float32)
+STATE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def check_kernel_device(*named: tuple[str, torch.Tensor]) -> None:
+    """The kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter."""
+    from treewy.ops._triton import INTERPRET
+
+    for name, x in named:
+        if x is None:
+            continue
+        if x.device.type == "cpu" and not INTERPRET:
+            if torch.cuda.is_available():
+                raise ValueError(f"{name} is a CPU tensor; the Triton kernels run on the GPU: move the inputs "
+                                 "with .cuda(), or use the naive_* references on CPU")
+            raise RuntimeError(f"{name} is a CPU tensor, there is no CUDA GPU, and TRITON_INTERPRET is "
+                               "disabled; unset TRITON_INTERPRET (or set it to 1) before importing treewy.ops "
+                               "to run the kernels on the CPU, or use the naive_* references")
+        if x.device.type == "cuda" and INTERPRET:
+            raise ValueError(f"{name} is on {x.device} but TRITON_INTERPRET=1 runs kernels on the CPU; "
+                             "unset TRITON_INTERPRET to use the GPU, or pass CPU tensors")
+        if x.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{name} is on {x.device}; the kernels run on CUDA (or CPU under the interpreter)")
+
+
+def check_kernel_dtype(name: str, x: torch.Tensor, allowed: tuple) -> None:
+    if x.dtype not in allowed:
+        names = " or ".join(str(d).replace("torch.", "") for d in allowed)
+        raise ValueError(f"{name} has dtype {x.dtype}; the kernels take {names} (cast with .to(...); "
+                         "use the naive_* references for fp64)")
+
+
+def check_contiguous(name: str, x: torch.Tensor, inner: int | None = None) -> None:
+    """x must be contiguous, or, with ``inner``, contiguous in its last ``inner`` dims (any batch stride)."""
+    if inner is None:
+        ok = x.is_contiguous()
+    else:
+        expect = 1
+        ok = True
+        for size, stride in zip(reversed(x.shape[-inner:]), reversed(x.stride()[-inner:])):
+            if size != 1 and stride != expect:
+                ok = False
+            expect *= size
+    if not ok:
+        what = "contiguous" if inner is None else f"contiguous in its last {inner} dims"
+        raise ValueError(f"{name} with shape {tuple(x.shape)} and strides {x.stride()} is not {what}; "
+                         "pass x.contiguous()")
+
+
+def check_kernel_nodes(T: int, limit: int) -> None:
+    if T > limit:
+        raise ValueError(f"the trees have T = {T} nodes, more than the kernel limit of {limit}; "
+                         f"prune the tree to at most {limit - 1} drafts or use the naive_* references")
+
+
+def kernel_parents(parents, B: int, T: int, device, *, values: bool) -> tuple[torch.Tensor, int]:
+    """(int32 parents on ``device``, batch stride) for a kernel: [T] shares one topology (stride 0).
+
+    ``values`` validates the topology (a host sync); pass False inside CUDA-graph capture, where
+    ``parents`` must already be a validated int32 device tensor.
+    """
+    if isinstance(parents, DraftTree):
+        parents = parents.parents
+    if not isinstance(parents, torch.Tensor):
+        parents = torch.as_tensor(parents)
+    if parents.ndim not in (1, 2) or parents.shape[-1] != T or (parents.ndim == 2 and parents.shape[0] != B):
+        raise ValueError(f"parents has shape {tuple(parents.shape)}, expected [T] = [{T}] or [B, T] = [{B}, {T}]")
+    if values:
+        validate_parents(parents)
+    if parents.dtype != torch.int32 or parents.device != device or not parents.is_contiguous():
+        if not values:
+            raise ValueError("parents must be a contiguous int32 tensor on the inputs' device inside "
+                             "CUDA-graph capture; convert it before capturing")
+        parents = parents.to(device=device, dtype=torch.int32).contiguous()
+    return parents, (0 if parents.ndim == 1 else T)
+
+
+def check_num_nodes(num_nodes, B: int, T: int, device, *, values: bool) -> torch.Tensor | None:
+    """Optional per-request node counts [B] (0..T; nodes at or past the count are ignored) as int32."""
+    if num_nodes is None:
+        return None
+    n = num_nodes if isinstance(num_nodes, torch.Tensor) else torch.as_tensor(num_nodes)
+    if n.dtype.is_floating_point or n.dtype == torch.bool:
+        raise ValueError(f"num_nodes must hold integers, got dtype {n.dtype}")
+    if tuple(n.shape) != (B,):
+        raise ValueError(f"num_nodes has shape {tuple(n.shape)}, expected [B] = [{B}] (nodes per request)")
+    if values and bool(((n < 0) | (n > T)).any()):
+        raise ValueError(f"num_nodes holds {n.tolist()}; every count must lie in 0..{T}")
+    if n.dtype != torch.int32 or n.device != device:
+        if not values:
+            raise ValueError("num_nodes must be an int32 tensor on the inputs' device inside CUDA-graph capture")
+        n = n.to(device=device, dtype=torch.int32)
+    return n.contiguous()
+
+
+def check_gdn_kernel_inputs(q, k, v, g, beta, initial_state, parents, num_nodes=None, *, max_nodes: int,
+                            values: bool = True):
+    """Validate the inputs of a GDN tree kernel; return (dims, parents int32, parents batch stride, num_nodes).
+
+    Metadata (shapes, dtypes, devices, contiguity, the node limit) is always checked. ``values``
+    also checks the topology, finiteness and the ranges of g and beta (host syncs): the kernels
+    pass ``values=False`` while a CUDA graph is being captured.
+    """
+    q = check_tensor("q", q)
+    for name, x in (("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state)):
+        check_tensor(name, x, q.device)
+    named = (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state))
+    check_kernel_device(*named)
+    if q.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"q has shape {tuple(q.shape)} and v {tuple(v.shape)}; expected [B, T, H, K] and "
+                         "[B, T, HV, V]")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    _shape("k", k, (B, T, H, K), "[B, T, H, K] like q")
+    _shape("v", v, (B, T, HV, V), "[B, T, HV, V]")
+    if HV % H != 0:
+        raise ValueError(f"v has HV = {HV} value heads, not a multiple of the H = {H} key heads of q/k "
+                         "(GVA needs HV = H * r)")
+    _shape("g", g, (B, T, HV), "[B, T, HV] log decay per node and value head")
+    _shape("beta", beta, (B, T, HV), "[B, T, HV] write strength per node and value head")
+    _shape("initial_state", initial_state, (B, HV, V, K), "[B, HV, V, K], value dim first")
+    for name, x in named[:5]:
+        check_kernel_dtype(name, x, KERNEL_FLOAT_DTYPES)
+        check_contiguous(name, x)
+    check_kernel_dtype("initial_state", initial_state, STATE_DTYPES)
+    check_contiguous("initial_state", initial_state, inner=3)
+    check_kernel_nodes(T, max_nodes)
+    if values:
+        check_gdn_inputs(q, k, v, g, beta, initial_state, parents)
+    par, stride_pb = kernel_parents(parents, B, T, q.device, values=values)
+    nn = check_num_nodes(num_nodes, B, T, q.device, values=values)
+    return GDNDims(B, T, H, HV, K, V), par, stride_pb, nn

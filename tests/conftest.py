@@ -1,0 +1,15 @@
+import importlib.util
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    skips = {
+        "gpu": (not torch.cuda.is_available(), "needs a CUDA GPU"),
+        "vllm": (importlib.util.find_spec("vllm") is None, "needs vllm (pip install -e '.[serve]')"),
+    }
+    for item in items:
+        for marker, (skip, why) in skips.items():
+            if skip and marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=why))

@@ -1,0 +1,95 @@
+"""Every bad input to the references raises a ValueError that names the argument and the fix."""
+
+import pytest
+import torch
+
+from treewy.ops import naive_tree_commit, naive_tree_conv1d, naive_tree_recurrent, naive_tree_verify
+from treewy.testing import random_gdn_inputs
+from treewy.tree import DraftTree
+
+TREE = DraftTree.from_widths((2, 1))
+
+
+def inputs():
+    return random_gdn_inputs(TREE, B=2, H=2, HV=4, K=8, V=6, seed=0)
+
+
+def call(op, **override):
+    x = inputs()
+    args = dict(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta, initial_state=x.initial_state, parents=x.parents)
+    args.update(override)
+    return op(*args.values())
+
+
+OPS = [naive_tree_verify, naive_tree_recurrent]
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta", "initial_state"])
+def test_nan_in_any_input_raises(op, name):
+    x = inputs()
+    bad = getattr(x, name).clone()
+    bad.view(-1)[3] = float("nan")
+    with pytest.raises(ValueError, match=f"{name} holds 1 NaN"):
+        call(op, **{name: bad})
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("name,shape,match", [
+    ("k", (2, 5, 2, 7), r"k has shape \(2, 5, 2, 7\), expected \(2, 5, 2, 8\)"),
+    ("v", (2, 5, 3, 6), r"HV = 3 value heads, not a multiple of the H = 2"),
+    ("g", (2, 5, 2), r"g has shape"),
+    ("beta", (2, 3, 4), r"beta has shape"),
+    ("initial_state", (2, 4, 8, 6), r"initial_state has shape .*\[B, HV, V, K\]"),
+    ("q", (2, 4, 8), r"q has shape .* 4 dims"),
+], ids=["k", "v-heads", "g", "beta", "state-layout", "q-ndim"])
+def test_mismatched_shapes_raise(op, name, shape, match):
+    with pytest.raises(ValueError, match=match):
+        call(op, **{name: torch.zeros(shape, dtype=torch.float64)})
+
+
+def test_parents_of_the_wrong_size_raise():
+    with pytest.raises(ValueError, match="parents describe 3 nodes"):
+        call(naive_tree_verify, parents=DraftTree.chain(2).parents)
+
+
+def test_malformed_parents_raise():
+    with pytest.raises(ValueError, match="node 3 has parent 3"):
+        call(naive_tree_verify, parents=torch.tensor([-1, 0, 1, 3]))
+
+
+def test_positive_gate_raises():
+    x = inputs()
+    with pytest.raises(ValueError, match="g is a log decay"):
+        call(naive_tree_verify, g=-x.g)
+
+
+def test_beta_out_of_range_raises():
+    with pytest.raises(ValueError, match=r"beta must lie in \[0, 1\]"):
+        call(naive_tree_verify, beta=inputs().beta + 1.5)
+
+
+def test_integer_inputs_raise():
+    with pytest.raises(ValueError, match="v has dtype torch.int64"):
+        call(naive_tree_verify, v=torch.zeros(2, 5, 4, 6, dtype=torch.long))
+
+
+def test_mixed_devices_raise():
+    x = inputs()
+    with pytest.raises(ValueError, match="k is on meta but q is on cpu"):
+        call(naive_tree_verify, k=x.k.to("meta"))
+
+
+def test_commit_rejects_bad_accepted_nodes():
+    x = inputs()
+    _, u = naive_tree_verify(*x.args())
+    with pytest.raises(ValueError, match=r"node index in 0\.\.4"):
+        naive_tree_commit(x.initial_state, u, x.k, x.g, TREE, torch.tensor([0, 5]))
+    with pytest.raises(ValueError, match=r"accepted has shape \(3,\)"):
+        naive_tree_commit(x.initial_state, u, x.k, x.g, TREE, torch.tensor([0, 1, 2]))
+
+
+def test_conv_rejects_wrong_state_shape():
+    x = torch.randn(2, 4, 6)
+    with pytest.raises(ValueError, match=r"conv_state has shape \(2, 6, 4\), expected \[B, C, W - 1\]"):
+        naive_tree_conv1d(x, torch.randn(6, 4), torch.randn(2, 6, 4), TREE)

@@ -1,0 +1,62 @@
+"""Random GDN inputs and error metrics shared by the tests, `treewy check` and the notebooks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from treewy.tree import DraftTree, validate_parents
+
+
+@dataclass
+class GDNInputs:
+    q: torch.Tensor              # [B, T, H, K]
+    k: torch.Tensor              # [B, T, H, K], unit norm
+    v: torch.Tensor              # [B, T, HV, V]
+    g: torch.Tensor              # [B, T, HV], log decay <= 0
+    beta: torch.Tensor           # [B, T, HV] in (0, 1)
+    initial_state: torch.Tensor  # [B, HV, V, K]
+    parents: torch.Tensor        # int32 [T] or [B, T]
+
+    def args(self):
+        """Positional arguments of the verify ops, in their order."""
+        return self.q, self.k, self.v, self.g, self.beta, self.initial_state, self.parents
+
+    def to(self, dtype=None, device=None) -> GDNInputs:
+        f = lambda x: x.to(device=device, dtype=dtype)  # noqa: E731
+        return GDNInputs(f(self.q), f(self.k), f(self.v), f(self.g), f(self.beta), f(self.initial_state),
+                         self.parents.to(device) if device is not None else self.parents)
+
+
+def random_tree(T: int, generator: torch.Generator | None = None) -> DraftTree:
+    """A uniformly random recursive tree of T nodes (each node's parent drawn from the nodes before it)."""
+    parents = [-1] + [int(torch.randint(0, t, (1,), generator=generator)) for t in range(1, T)]
+    return DraftTree(parents)
+
+
+def random_gdn_inputs(parents, B: int = 2, H: int = 2, HV: int = 4, K: int = 16, V: int = 16, *,
+                      dtype=torch.float64, device="cpu", seed: int = 0, g_min: float = -2.0,
+                      beta_range: tuple[float, float] = (0.0, 1.0), normalize_keys: bool = True) -> GDNInputs:
+    """Inputs of a verify window for the given tree (DraftTree, [T] or [B, T])."""
+    par = validate_parents(parents.parents if isinstance(parents, DraftTree) else parents)
+    T = par.shape[-1]
+    gen = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    uni = lambda *s: torch.rand(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    k = rnd(B, T, H, K)
+    if normalize_keys:
+        k = torch.nn.functional.normalize(k, dim=-1)
+    lo, hi = beta_range
+    x = GDNInputs(
+        q=rnd(B, T, H, K), k=k, v=rnd(B, T, HV, V),
+        g=uni(B, T, HV) * g_min, beta=lo + (hi - lo) * uni(B, T, HV),
+        initial_state=rnd(B, HV, V, K), parents=par.to(torch.int32),
+    )
+    return x.to(dtype=dtype, device=device)
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative RMS error ||x - ref|| / ||ref||, computed in fp64 (NaN anywhere gives NaN)."""
+    x, ref = x.double(), ref.double()
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
