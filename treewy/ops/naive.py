@@ -36,43 +36,80 @@ def path_cumsum(g: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     return G
 
 
+def gdn_step(S, k, v, g, beta):
+    """One gated delta rule step in pseudo-value form: S' = alpha S + u k^T, u = beta (v - alpha S k).
+
+    S [..., V, K]; k [..., K]; v [..., V]; g, beta [...]. Returns (S' [..., V, K], u [..., V]).
+    Equal to alpha S (I - beta k k^T) + beta v k^T.
+    """
+    S = g.exp()[..., None, None] * S                                  # decay
+    u = beta[..., None] * (v - (S @ k[..., None]).squeeze(-1))          # delta-rule write
+    return S + u[..., None] * k[..., None, :], u
+
+
+def gdn_step_textbook(S, k, v, g, beta):
+    """The same step as written in the Gated DeltaNet paper: alpha S (I - beta k k^T) + beta v k^T."""
+    eye = torch.eye(k.shape[-1], dtype=S.dtype, device=S.device)
+    alpha, b = g.exp()[..., None, None], beta[..., None, None]
+    return alpha * S @ (eye - b * k[..., :, None] * k[..., None, :]) + b * v[..., :, None] * k[..., None, :]
+
+
 def naive_tree_recurrent(q, k, v, g, beta, initial_state, parents, scale=None):
     """Store-all semantics: every node advances its parent's state. Returns (o [B, T, HV, V], states [B, T, HV, V, K])."""
     dims, par, q, k, v, g, beta, S0 = _prepare(q, k, v, g, beta, initial_state, parents, scale)
-    B, T = dims.B, dims.T
-    rows = torch.arange(B, device=q.device)
-    states = q.new_empty(B, T, dims.HV, dims.V, dims.K)
-    o = q.new_empty(B, T, dims.HV, dims.V)
-    for t in range(T):
+    rows = torch.arange(dims.B, device=q.device)
+    states = q.new_empty(dims.B, dims.T, dims.HV, dims.V, dims.K)
+    for t in range(dims.T):
         p = par[:, t]
-        S = torch.where((p >= 0)[:, None, None, None], states[rows, p.clamp(min=0)], S0)  # [B, HV, V, K]
-        kt, vt, qt = k[:, t], v[:, t], q[:, t]                                         # [B, HV, K|V]
-        alpha, b = g[:, t].exp()[..., None, None], beta[:, t][..., None]
-        S = alpha * S                                                   # decay
-        u = b * (vt - (S @ kt[..., None]).squeeze(-1))                  # delta-rule write (pseudo-value)
-        S = S + u[..., None] * kt[..., None, :]                         # S += u k^T
-        states[:, t] = S
-        o[:, t] = (S @ qt[..., None]).squeeze(-1)
+        S = torch.where((p >= 0)[:, None, None, None], states[rows, p.clamp(min=0)], S0)  # parent's state
+        states[:, t], _ = gdn_step(S, k[:, t], v[:, t], g[:, t], beta[:, t])
+    o = (states @ q[..., None]).squeeze(-1)                             # o_t = S_t (scale q_t)
     return o, states
+
+
+def tree_system(k, v, g, beta, initial_state, parents):
+    """The triangular system of one verify window, per request and value head (inputs already prepared).
+
+    Returns (M, R, G): M = diag(beta) A [B, HV, T, T] with A[t, i] = exp(G_t - G_i) k_t.k_i for strict
+    ancestors i of t (else 0), R [B, HV, T, V] = beta_t (v_t - exp(G_t) S0 k_t), G [B, HV, T] the path
+    cumsum of g. The pseudo-values solve (I + M) U = R.
+    """
+    G = path_cumsum(g, parents).transpose(1, 2)                     # [B, HV, T]
+    k, v, beta = (x.transpose(1, 2) for x in (k, v, beta))          # [B, HV, T, *]
+    strict = ancestor_mask(parents, inclusive=False)[:, None]       # [B, 1, T, T]
+    decay = torch.where(strict, G[..., :, None] - G[..., None, :], float("-inf")).exp()  # mask before exp
+    M = beta[..., None] * decay * (k @ k.transpose(-1, -2))
+    S0k = k @ initial_state.transpose(-1, -2)                       # (S0 k_t)^T  [B, HV, T, V]
+    R = beta[..., None] * (v - G.exp()[..., None] * S0k)
+    return M, R, G
+
+
+def solve_forward(M, R):
+    """U with (I + M) U = R for strictly lower-triangular M, one row at a time."""
+    U = torch.empty_like(R)
+    for t in range(R.shape[-2]):
+        U[..., t, :] = R[..., t, :] - (M[..., t, :t, None] * U[..., :t, :]).sum(-2)
+    return U
+
+
+def solve_neumann(M, R, depth: int):
+    """The same U by the finite Neumann series in Horner form: M^(depth+1) = 0 for a tree of that depth,
+    so U = R - M(R - M(R - ...)) with ``depth`` products."""
+    U = R
+    for _ in range(depth):
+        U = R - M @ U
+    return U
 
 
 def naive_tree_verify(q, k, v, g, beta, initial_state, parents, scale=None):
     """TreeWY closed form: one triangular solve per request and head. Returns (o [B, T, HV, V], u [B, T, HV, V])."""
     dims, par, q, k, v, g, beta, S0 = _prepare(q, k, v, g, beta, initial_state, parents, scale)
-    G = path_cumsum(g, par).transpose(1, 2)                         # [B, HV, T]
-    q, k, v, beta = (x.transpose(1, 2) for x in (q, k, v, beta))   # [B, HV, T, *]
-    strict = ancestor_mask(par, inclusive=False)[:, None]           # [B, 1, T, T]
+    M, R, G = tree_system(k, v, g, beta, S0, par)
+    U = solve_forward(M, R)                                         # [B, HV, T, V]
+    q, k = q.transpose(1, 2), k.transpose(1, 2)                     # [B, HV, T, K]
     incl = ancestor_mask(par, inclusive=True)[:, None]
-    diff = G[..., :, None] - G[..., None, :]                        # G_t - G_i
-    decay_strict = torch.where(strict, diff, float("-inf")).exp()  # mask before exp
-    decay_incl = torch.where(incl, diff, float("-inf")).exp()
-    A = decay_strict * (k @ k.transpose(-1, -2))                    # [B, HV, T, T]
-    S0k = k @ S0.transpose(-1, -2)                                  # (S0 k_t)^T  [B, HV, T, V]
-    R = beta[..., None] * (v - G.exp()[..., None] * S0k)
-    U = torch.empty_like(R)
-    for t in range(dims.T):                                         # forward substitution
-        U[..., t, :] = R[..., t, :] - beta[..., t, None] * (A[..., t, :t, None] * U[..., :t, :]).sum(-2)
-    o = G.exp()[..., None] * (q @ S0.transpose(-1, -2)) + (decay_incl * (q @ k.transpose(-1, -2))) @ U
+    decay = torch.where(incl, G[..., :, None] - G[..., None, :], float("-inf")).exp()
+    o = G.exp()[..., None] * (q @ S0.transpose(-1, -2)) + (decay * (q @ k.transpose(-1, -2))) @ U
     return o.transpose(1, 2), U.transpose(1, 2)
 
 

@@ -1,0 +1,67 @@
+"""Chart builders: pure functions from tidy polars frames to altair charts. No I/O, no globals."""
+
+from __future__ import annotations
+
+import altair as alt
+import polars as pl
+
+MODE_COLORS = alt.Scale(domain=["store_all", "reconstruct"], range=["#d95f02", "#1b9e77"])
+
+
+def tree_chart(nodes: pl.DataFrame, edges: pl.DataFrame, title: str = "draft tree") -> alt.LayerChart:
+    """Nodes by depth (downwards), edges from parent to child."""
+    width = max(160, 18 * (nodes["x"].max() + 1))
+    y = alt.Y("depth:Q", scale=alt.Scale(reverse=True), axis=alt.Axis(tickMinStep=1, title="depth"))
+    rules = alt.Chart(edges).mark_rule(color="#999").encode(
+        x=alt.X("x:Q", axis=None), y=alt.Y("y:Q", scale=alt.Scale(reverse=True)), x2="x2:Q", y2="y2:Q")
+    dots = alt.Chart(nodes).mark_circle(size=220, opacity=1).encode(
+        x=alt.X("x:Q", axis=None), y=y,
+        color=alt.Color("kind:N", scale=alt.Scale(domain=["root", "draft"], range=["#444", "#1b9e77"]), legend=None),
+        tooltip=["node:Q", "parent:Q", "depth:Q"])
+    labels = alt.Chart(nodes).mark_text(color="white", fontSize=9).encode(x="x:Q", y=y, text="node:Q")
+    return (rules + dots + labels).properties(width=min(width, 720), height=60 * (nodes["depth"].max() + 1),
+                                              title=title)
+
+
+def mask_chart(mask: pl.DataFrame, title: str = "ancestor mask: row t sees column i") -> alt.Chart:
+    """Heatmap of the true cells of a mask frame (t, i, relation); everything else is blank."""
+    T = mask["t"].max() + 1
+    size = min(360, max(120, 9 * T))
+    axis = alt.Axis(labels=T <= 40, ticks=T <= 40)
+    return alt.Chart(mask).mark_rect().encode(
+        x=alt.X("i:O", axis=axis, scale=alt.Scale(domain=list(range(T))), title="i"),
+        y=alt.Y("t:O", axis=axis, scale=alt.Scale(domain=list(range(T))), title="t"),
+        color=alt.Color("relation:N", scale=alt.Scale(domain=["self", "ancestor"], range=["#444", "#1b9e77"])),
+        tooltip=["t:O", "i:O", "relation:N"],
+    ).properties(width=size, height=size, title=title)
+
+
+def matrix_chart(m: pl.DataFrame, title: str) -> alt.Chart:
+    T = m["t"].max() + 1
+    size = min(300, max(120, 14 * T))
+    return alt.Chart(m).mark_rect().encode(
+        x="i:O", y="t:O", color=alt.Color("value:Q", scale=alt.Scale(scheme="blueorange", domainMid=0)),
+        tooltip=["t:O", "i:O", alt.Tooltip("value:Q", format=".3g")],
+    ).properties(width=size, height=size, title=title)
+
+
+def vectors_chart(vectors: pl.DataFrame, title: str) -> alt.Chart:
+    return alt.Chart(vectors).mark_line(point=True).encode(
+        x=alt.X("channel:O", title="value channel"), y=alt.Y("value:Q", title=None),
+        color=alt.Color("series:N", title=None), tooltip=["series:N", "channel:O", alt.Tooltip("value:Q", format=".3f")],
+    ).properties(width=360, height=200, title=title)
+
+
+def blocks_chart(blocks: pl.DataFrame, title: str = "GDN state blocks per request per layer") -> alt.LayerChart:
+    base = alt.Chart(blocks).encode(y=alt.Y("mode:N", title=None, sort=["store_all", "reconstruct"]),
+                                    x=alt.X("blocks:Q", title="state blocks"))
+    bars = base.mark_bar().encode(color=alt.Color("mode:N", scale=MODE_COLORS, legend=None))
+    text = base.mark_text(align="left", dx=4).encode(text="blocks:Q")
+    return (bars + text).properties(width=260, height=70, title=title)
+
+
+def blocks_vs_n_chart(costs: pl.DataFrame, title: str = "state blocks per request per GDN layer") -> alt.LayerChart:
+    base = alt.Chart(costs).encode(x=alt.X("N:Q", title="draft nodes N"), y=alt.Y("blocks:Q", title="state blocks"),
+                                   color=alt.Color("mode:N", scale=MODE_COLORS, title=None))
+    return (base.mark_line() + base.mark_point(filled=True).encode(tooltip=["shape:N", "N:Q", "mode:N", "blocks:Q"])
+            ).properties(width=320, height=200, title=title)

@@ -1,0 +1,65 @@
+"""Tidy polars frames for the charts: tree layouts, masks and vectors. No math beyond layout."""
+
+from __future__ import annotations
+
+import polars as pl
+import torch
+
+from treewy.tree import DraftTree
+
+
+def tree_layout(tree: DraftTree) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(nodes, edges): leaves at consecutive x, parents centred over their children, y = depth."""
+    parents, depth = tree.parents.tolist(), tree.depth.tolist()
+    x = [0.0] * tree.num_nodes
+    next_leaf = 0
+    for t in reversed(range(tree.num_nodes)):  # children come after parents: fill bottom-up
+        kids = tree.children(t)
+        if kids:
+            x[t] = sum(x[c] for c in kids) / len(kids)
+        else:
+            x[t] = -float(next_leaf)
+            next_leaf += 1
+    shift = min(x)
+    x = [v - shift for v in x]
+    nodes = pl.DataFrame({"node": list(range(tree.num_nodes)), "parent": parents, "depth": depth, "x": x,
+                          "kind": ["root"] + ["draft"] * tree.num_drafts})
+    edges = pl.DataFrame({"x": [x[p] for p in parents[1:]], "y": [depth[p] for p in parents[1:]],
+                          "x2": x[1:], "y2": depth[1:]}, schema={"x": pl.Float64, "y": pl.Int64,
+                                                                  "x2": pl.Float64, "y2": pl.Int64})
+    return nodes, edges
+
+
+def mask_frame(tree: DraftTree) -> pl.DataFrame:
+    """The inclusive ancestor mask as its true cells only: (t, i, relation in {'self', 'ancestor'})."""
+    t, i = torch.nonzero(tree.ancestor_mask(inclusive=True), as_tuple=True)
+    return pl.DataFrame({"t": t.tolist(), "i": i.tolist(),
+                         "relation": ["self" if a == b else "ancestor" for a, b in zip(t.tolist(), i.tolist())]})
+
+
+def matrix_frame(m: torch.Tensor, row: str = "t", col: str = "i") -> pl.DataFrame:
+    r, c = torch.meshgrid(torch.arange(m.shape[0]), torch.arange(m.shape[1]), indexing="ij")
+    return pl.DataFrame({row: r.flatten().tolist(), col: c.flatten().tolist(),
+                         "value": m.double().flatten().tolist()})
+
+
+def vectors_frame(**series: torch.Tensor) -> pl.DataFrame:
+    """Long frame (channel, series, value) from named 1-D tensors of equal length."""
+    return pl.concat([pl.DataFrame({"channel": list(range(len(x))), "series": name,
+                                    "value": x.double().tolist()}) for name, x in series.items()])
+
+
+def blocks_frame(tree: DraftTree, layers: int = 1) -> pl.DataFrame:
+    return pl.DataFrame({"mode": ["store_all", "reconstruct"],
+                         "blocks": [tree.state_blocks("store_all") * layers, tree.state_blocks("reconstruct") * layers]})
+
+
+def shape_costs_frame(shapes) -> pl.DataFrame:
+    """N and state blocks per mode for each tree shape (long format: one row per shape and mode)."""
+    rows = []
+    for widths in shapes:
+        tree = DraftTree.from_widths(widths)
+        for mode in ("store_all", "reconstruct"):
+            rows.append({"shape": str(widths), "N": tree.num_drafts, "depth": tree.max_depth, "mode": mode,
+                         "blocks": tree.state_blocks(mode)})
+    return pl.DataFrame(rows)

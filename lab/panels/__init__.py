@@ -1,0 +1,6 @@
+"""Widget panels, one class each; every panel has ``set(**values)`` for headless tests."""
+
+from lab.panels.pseudo_value import PseudoValuePanel
+from lab.panels.tree import TreePanel
+
+__all__ = ["PseudoValuePanel", "TreePanel"]

@@ -1,0 +1,73 @@
+"""The shape every panel shares: controls, charts, a status line and an Output that shows errors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+
+import altair as alt
+import ipywidgets as w
+import polars as pl
+from IPython.display import display
+
+
+class Panel:
+    """Subclasses build ``self.controls`` (name -> widget) and ``self.charts`` (name -> JupyterChart),
+    wire them with ``observe`` in ``__init__`` and implement ``update()``; ``set(**values)`` drives
+    the panel headless (tests) exactly as a user would."""
+
+    title = ""
+
+    def __init__(self):
+        self.controls: dict[str, w.ValueWidget] = {}
+        self.charts: dict[str, alt.JupyterChart] = {}
+        self.frames: dict[str, pl.DataFrame] = {}
+        self.status = w.HTML()
+        self.out = w.Output()
+        self.error: Exception | None = None
+        self._cache: dict[Hashable, object] = {}
+
+    def cached(self, key: Hashable, compute: Callable[[], object]):
+        """Compute once per key (tree shape, model, budget...)."""
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    def refresh(self, *_):
+        """Run ``update()`` inside the Output, so a failing callback shows its traceback there."""
+        self.error = None
+        with self.out:
+            self.out.clear_output()
+            try:
+                self.update()
+            except Exception as e:  # shown in the status line and (in a kernel) as a traceback in self.out
+                self.error = e
+                self.status.value = f"<span style='color:#b00020'>error: {e}</span>"
+                raise
+
+    def update(self) -> None:
+        raise NotImplementedError
+
+    def set(self, **values) -> Panel:
+        """Set controls by name (each change runs the panel as the widget would); then refresh once."""
+        unknown = set(values) - set(self.controls)
+        if unknown:
+            raise ValueError(f"unknown controls {sorted(unknown)}; this panel has {sorted(self.controls)}")
+        for name, value in values.items():
+            self.controls[name].value = value
+        return self
+
+    def show_chart(self, name: str, chart: alt.TopLevelMixin) -> None:
+        """Create the named JupyterChart or update it in place."""
+        if name in self.charts:
+            self.charts[name].chart = chart
+        else:
+            self.charts[name] = alt.JupyterChart(chart)
+
+    def layout(self) -> w.Widget:
+        header = [w.HTML(f"<b>{self.title}</b>")] if self.title else []
+        return w.VBox([*header, w.HBox(list(self.controls.values()), layout=w.Layout(flex_flow="row wrap")),
+                       w.HBox(list(self.charts.values()), layout=w.Layout(flex_flow="row wrap")),
+                       self.status, self.out])
+
+    def _ipython_display_(self):
+        display(self.layout())

@@ -1,0 +1,30 @@
+"""One call at the top of every notebook: offline charts, a theme and the environment banner."""
+
+from __future__ import annotations
+
+import altair as alt
+import ipywidgets as w
+from IPython.display import display
+
+from treewy.env import describe
+
+
+def setup(banner: bool = True) -> dict:
+    """Render charts offline (nothing loads from the internet), set the theme, show what is live."""
+    alt.JupyterChart.enable_offline()
+    alt.theme.enable("lab")
+    info = describe()
+    if banner:
+        display(environment_banner(info))
+    return info
+
+
+@alt.theme.register("lab", enable=False)
+def _theme() -> alt.theme.ThemeConfig:
+    return {"config": {"view": {"stroke": None}, "axis": {"labelFontSize": 11, "titleFontSize": 12},
+                       "legend": {"labelFontSize": 11}, "title": {"fontSize": 13, "anchor": "start"}}}
+
+
+def environment_banner(info: dict) -> w.HTML:
+    versions = " · ".join(f"{k} {v}" for k, v in info["versions"].items() if v)
+    return w.HTML(f"<b>TreeWY lab</b> on <b>{info['device']}</b> — {versions}")

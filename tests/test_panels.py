@@ -1,0 +1,48 @@
+"""Panels driven headless through set(): their frames and their charts' data follow the controls."""
+
+import re
+
+import pytest
+
+from lab.panels import PseudoValuePanel, TreePanel
+
+
+def chart_values(panel, name):
+    spec = panel.charts[name].chart.to_dict()
+    return [row for rows in spec["datasets"].values() for row in rows]
+
+
+def test_tree_panel_redraws_for_new_widths():
+    p = TreePanel(widths=(2, 2))
+    assert p.error is None
+    assert p.frames["nodes"].height == 7
+    p.set(level1=3, level2=3, level3=3)
+    assert p.frames["nodes"].height == 40
+    assert len([r for r in chart_values(p, "tree") if "node" in r]) == 40
+    blocks = {r["mode"]: r["blocks"] for r in chart_values(p, "blocks")}
+    assert blocks == {"store_all": 40, "reconstruct": 1}
+    assert "N = 39 drafts" in p.status.value and "PASS" in p.status.value
+
+
+def test_tree_panel_refuses_trees_over_the_limit_and_keeps_its_charts():
+    p = TreePanel(widths=(2,))
+    p.set(level1=8, level2=8, level3=8)
+    assert "limit of 128" in p.status.value
+    assert p.frames["nodes"].height == 1 + 8 + 64  # the last shape that fit: (8, 8)
+
+
+def test_pseudo_value_panel_follows_the_sliders():
+    p = PseudoValuePanel()
+    u_before = p.frames["vectors"].filter(series="u (pseudo-value)")["value"].to_list()
+    p.set(beta=0.0)
+    u_zero = p.frames["vectors"].filter(series="u (pseudo-value)")["value"].to_list()
+    assert u_zero != u_before and all(abs(x) < 1e-15 for x in u_zero)  # nothing is written at beta = 0
+    err = float(re.search(r"to (\S+) \(relative\)", p.status.value).group(1))
+    assert err < 1e-12
+    values = [r["value"] for r in chart_values(p, "vectors") if r["series"] == "u (pseudo-value)"]
+    assert values == pytest.approx(u_zero)
+
+
+def test_set_rejects_unknown_controls():
+    with pytest.raises(ValueError, match="unknown controls"):
+        TreePanel().set(levels=3)

@@ -1,0 +1,50 @@
+"""What this machine can run: the device, the library versions and which features are live."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+
+import torch
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def device_name() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return "CPU: Triton interpreter"
+
+
+def default_device() -> str:
+    """'cuda' when a GPU is present and TREEWY_DEVICE does not say otherwise, else 'cpu'."""
+    want = os.environ.get("TREEWY_DEVICE", "").strip().lower()
+    if want == "cpu" or not torch.cuda.is_available():
+        return "cpu"
+    return "cuda"
+
+
+def small() -> bool:
+    """True when notebooks should use small sizes (CPU, or TREEWY_SMALL=1)."""
+    return os.environ.get("TREEWY_SMALL", "") == "1" or default_device() == "cpu"
+
+
+def describe() -> dict:
+    """Device, versions and live features, for the lab's banner and `treewy check`."""
+    versions = {name: _version(name) for name in ("torch", "triton", "transformers", "vllm", "fla-core")}
+    return {
+        "device": device_name(),
+        "versions": versions,
+        "features": {
+            "triton kernels": "GPU" if torch.cuda.is_available() else "interpreter (small sizes)",
+            "tiny model engine": "live" if importlib.util.find_spec("transformers") else "needs pip install -e '.[hf]'",
+            "fla baseline": "live" if versions["fla-core"] and torch.cuda.is_available() else "GPU + fla-core only",
+            "vLLM serving": "live" if versions["vllm"] and torch.cuda.is_available() else "GPU + vllm only",
+        },
+    }
