@@ -8,10 +8,14 @@ from IPython.display import display
 
 from treewy.env import describe
 
+#: SVG (inspectable in the DOM, crisp when zoomed) and no action menu (its links leave the machine).
+EMBED_OPTIONS = {"renderer": "svg", "actions": False}
+
 
 def setup(banner: bool = True) -> dict:
     """Render charts offline (nothing loads from the internet), set the theme, show what is live."""
     alt.JupyterChart.enable_offline()
+    alt.renderers.enable("jupyter", offline=True, embed_options=EMBED_OPTIONS)  # inline charts: offline too
     alt.theme.enable("lab")
     info = describe()
     if banner:

@@ -34,6 +34,8 @@ SERVING_SCHEMA: dict[str, pl.DataType] = {
     "simulated": pl.Boolean,
     "device": pl.String,            # "simulated" or the GPU a measurement ran on
     "date": pl.String,              # ISO date of the run
+    "error": pl.String,             # null for a good point; why a measured point failed (treewy.serve)
+    "cost_source": pl.String,       # simulator only: GDN state cost "analytic" or "measured:<kernels file>"
 }
 
 

@@ -1,6 +1,7 @@
 """Widget panels, one class each; every panel has ``set(**values)`` for headless tests."""
 
+from lab.panels.environment import EnvironmentPanel
 from lab.panels.pseudo_value import PseudoValuePanel
 from lab.panels.tree import TreePanel
 
-__all__ = ["PseudoValuePanel", "TreePanel"]
+__all__ = ["EnvironmentPanel", "PseudoValuePanel", "TreePanel"]

@@ -9,6 +9,8 @@ import ipywidgets as w
 import polars as pl
 from IPython.display import display
 
+from lab.setup import EMBED_OPTIONS
+
 
 class Panel:
     """Subclasses build ``self.controls`` (name -> widget) and ``self.charts`` (name -> JupyterChart),
@@ -61,7 +63,7 @@ class Panel:
         if name in self.charts:
             self.charts[name].chart = chart
         else:
-            self.charts[name] = alt.JupyterChart(chart)
+            self.charts[name] = alt.JupyterChart(chart, embed_options=EMBED_OPTIONS)
 
     def layout(self) -> w.Widget:
         header = [w.HTML(f"<b>{self.title}</b>")] if self.title else []

@@ -1,0 +1,263 @@
+"""A stand-in ``vllm`` executable for the serving tests (standard library only, 127.0.0.1 only).
+
+    fake_vllm.py serve MODEL --host 127.0.0.1 --port P ...   an OpenAI-compatible server:
+        /health, /v1/models, /v1/completions (streamed, SSE like vLLM), /metrics (Prometheus text
+        with vLLM's metric names: KV usage, running requests, preemptions, spec-decode counters)
+    fake_vllm.py bench serve --base-url URL --save-result --result-dir D --result-filename F ...
+        sends --num-prompts streamed requests (closed loop --max-concurrency, or open loop
+        --request-rate) and writes a result JSON with vllm bench serve's keys.
+
+Knobs (environment): FAKE_VLLM_DIE_AFTER=N (the server exits after its N-th completion request),
+FAKE_VLLM_FAIL_START=1 (the server exits at once), FAKE_VLLM_CALL_LOG=path (one line per bench run).
+TREEWY_MODE=reconstruct makes the fake KV pool 2.4x roomier per request, like the plugin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+TOKEN_DELAY_S = 0.002
+ACCEPT_LEN = 3.2  # tokens per speculative step
+
+
+class State:
+    def __init__(self, mode: str):
+        self.lock = threading.Lock()
+        self.running = 0
+        self.completions = 0
+        self.preemptions = 0
+        self.drafts = 0.0
+        self.draft_tokens = 0.0
+        self.accepted = 0.0
+        self.k = 3
+        self.per_req = 0.05 if mode == "reconstruct" else 0.12  # KV fraction one running request holds
+
+
+def serve(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--speculative-config", default='{"num_speculative_tokens": 3}')
+    p.add_argument("--served-model-name")
+    args, _ = p.parse_known_args(argv)
+    if os.environ.get("FAKE_VLLM_FAIL_START"):
+        print("ERROR fake vllm: CUDA out of memory while loading weights", flush=True)
+        return 1
+    assert args.host == "127.0.0.1", "the fake server binds to 127.0.0.1 only"
+    die_after = int(os.environ.get("FAKE_VLLM_DIE_AFTER", "0"))
+    st = State(os.environ.get("TREEWY_MODE", "store_all"))
+    st.k = json.loads(args.speculative_config).get("num_speculative_tokens", 3)
+    name = args.served_model_name or args.model
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def _send(self, code, body: bytes, ctype="application/json"):
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path == "/health":
+                self._send(200, b"")
+            elif self.path == "/v1/models":
+                self._send(200, json.dumps({"object": "list", "data": [{"id": name, "object": "model"}]}).encode())
+            elif self.path == "/metrics":
+                with st.lock:
+                    lab = f'engine="0",model_name="{name}"'
+                    text = "\n".join([
+                        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+                        "# TYPE vllm:kv_cache_usage_perc gauge",
+                        f"vllm:kv_cache_usage_perc{{{lab}}} {min(1.0, st.running * st.per_req)}",
+                        "# TYPE vllm:num_requests_running gauge",
+                        f"vllm:num_requests_running{{{lab}}} {float(st.running)}",
+                        "# TYPE vllm:num_preemptions_total counter",
+                        f"vllm:num_preemptions_total{{{lab}}} {float(st.preemptions)}",
+                        f"vllm:spec_decode_num_drafts_total{{{lab}}} {st.drafts}",
+                        f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {st.draft_tokens}",
+                        f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {st.accepted}",
+                        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="0"}} {st.drafts}',
+                        "",
+                    ])
+                self._send(200, text.encode(), "text/plain; version=0.0.4")
+            else:
+                self._send(404, b'{"error": "not found"}')
+
+        def do_POST(self):
+            if self.path != "/v1/completions":
+                self._send(404, b'{"error": "not found"}')
+                return
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            with st.lock:
+                st.completions += 1
+                if die_after and st.completions >= die_after:
+                    print("fake vllm: engine core died (FAKE_VLLM_DIE_AFTER)", flush=True)
+                    os._exit(3)
+                st.running += 1
+                if st.running * st.per_req > 1.0:
+                    st.preemptions += 1
+            try:
+                n = int(body.get("max_tokens", 16))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+
+                def chunk(obj):
+                    data = ("data: " + (obj if isinstance(obj, str) else json.dumps(obj)) + "\n\n").encode()
+                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    self.wfile.flush()
+
+                for i in range(n):
+                    time.sleep(TOKEN_DELAY_S)
+                    chunk({"id": "cmpl-fake", "object": "text_completion", "model": name,
+                           "choices": [{"index": 0, "text": " tok", "finish_reason": "length" if i == n - 1 else None}]})
+                chunk({"id": "cmpl-fake", "object": "text_completion", "model": name, "choices": [],
+                       "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}})
+                chunk("[DONE]")
+                self.wfile.write(b"0\r\n\r\n")
+                with st.lock:
+                    steps = n / ACCEPT_LEN
+                    st.drafts += steps
+                    st.draft_tokens += steps * st.k
+                    st.accepted += n - steps
+            finally:
+                with st.lock:
+                    st.running -= 1
+
+    httpd = ThreadingHTTPServer((args.host, args.port), Handler)
+    httpd.daemon_threads = True
+    print(f"INFO fake vllm {args.model} serving on http://{args.host}:{args.port}", flush=True)
+    print(f"INFO TREEWY_MODE={os.environ.get('TREEWY_MODE')} VLLM_PLUGINS={os.environ.get('VLLM_PLUGINS')}", flush=True)
+    try:
+        httpd.serve_forever(poll_interval=0.05)
+    except KeyboardInterrupt:
+        print("INFO fake vllm: shutting down", flush=True)
+    return 0
+
+
+def _scrape(base: str) -> dict[str, float]:
+    out = {}
+    with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#"):
+                name = line.split("{")[0].split(" ")[0]
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def bench(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--base-url", required=True)
+    p.add_argument("--endpoint", default="/v1/completions")
+    p.add_argument("--model", required=True)
+    p.add_argument("--num-prompts", type=int, default=10)
+    p.add_argument("--max-concurrency", type=int)
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--random-output-len", type=int, default=16)
+    p.add_argument("--save-result", action="store_true")
+    p.add_argument("--result-dir", default=".")
+    p.add_argument("--result-filename", required=True)
+    args, _ = p.parse_known_args(argv)
+    if os.environ.get("FAKE_VLLM_CALL_LOG"):
+        with open(os.environ["FAKE_VLLM_CALL_LOG"], "a") as f:
+            f.write(json.dumps({"max_concurrency": args.max_concurrency, "request_rate": args.request_rate}) + "\n")
+    base = args.base_url.rstrip("/")
+    before = _scrape(base)
+
+    def one(i):
+        t0 = time.perf_counter()
+        req = urllib.request.Request(base + args.endpoint, method="POST", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"model": args.model, "prompt": f"prompt {i}", "stream": True,
+                                                      "max_tokens": args.random_output_len}).encode())
+        times = []
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                for line in r:
+                    line = line.decode().strip()
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        if json.loads(line[6:]).get("choices"):
+                            times.append(time.perf_counter())
+        except Exception as e:  # noqa: BLE001 (a failed request is counted, like vllm bench serve does)
+            return {"ok": False, "error": str(e)}
+        return {"ok": bool(times), "ttft": times[0] - t0 if times else None, "e2el": time.perf_counter() - t0,
+                "n": len(times), "itl": [b - a for a, b in zip(times, times[1:])]}
+
+    t_start = time.perf_counter()
+    workers = args.max_concurrency or args.num_prompts
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = []
+        for i in range(args.num_prompts):
+            futures.append(pool.submit(one, i))
+            if args.request_rate != float("inf"):
+                time.sleep(1.0 / args.request_rate)
+        results = [f.result() for f in futures]
+    duration = time.perf_counter() - t_start
+    ok = [r for r in results if r["ok"]]
+    try:
+        after = _scrape(base)
+    except Exception:  # noqa: BLE001
+        after = before
+
+    def stats(name, values):
+        v = values or [0.0]
+        s = sorted(v)
+        return {f"mean_{name}_ms": statistics.mean(v) * 1000, f"median_{name}_ms": statistics.median(v) * 1000,
+                f"std_{name}_ms": statistics.pstdev(v) * 1000,
+                f"p99_{name}_ms": s[min(len(s) - 1, int(round(0.99 * (len(s) - 1))))] * 1000}
+
+    out_tokens = sum(r["n"] for r in ok)
+    result = {"date": time.strftime("%Y%m%d-%H%M%S"), "backend": "openai", "model_id": args.model,
+              "tokenizer_id": args.model, "num_prompts": args.num_prompts, "request_rate": args.request_rate,
+              "burstiness": 1.0, "max_concurrency": args.max_concurrency, "duration": duration,
+              "completed": len(ok), "failed": len(results) - len(ok), "total_input_tokens": 8 * len(ok),
+              "total_output_tokens": out_tokens, "request_throughput": len(ok) / duration,
+              "output_throughput": out_tokens / duration, "total_token_throughput": (out_tokens + 8 * len(ok)) / duration,
+              "max_concurrent_requests": workers}
+    result.update(stats("ttft", [r["ttft"] for r in ok]))
+    result.update(stats("tpot", [(r["e2el"] - r["ttft"]) / max(1, r["n"] - 1) for r in ok]))
+    result.update(stats("itl", [x for r in ok for x in r["itl"]]))
+    result.update(stats("e2el", [r["e2el"] for r in ok]))
+    drafts = after.get("vllm:spec_decode_num_drafts_total", 0) - before.get("vllm:spec_decode_num_drafts_total", 0)
+    acc = after.get("vllm:spec_decode_num_accepted_tokens_total", 0) - before.get(
+        "vllm:spec_decode_num_accepted_tokens_total", 0)
+    if drafts > 0:
+        result["spec_decode_acceptance_length"] = 1 + acc / drafts
+    print(f"============ Serving Benchmark Result ============\nSuccessful requests: {len(ok)}\n"
+          f"Failed requests: {len(results) - len(ok)}", flush=True)
+    if args.save_result:
+        os.makedirs(args.result_dir, exist_ok=True)
+        with open(os.path.join(args.result_dir, args.result_filename), "w") as f:
+            json.dump(result, f)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--version"]:
+        print("0.33.0")
+        return 0
+    if argv[:1] == ["serve"]:
+        return serve(argv[1:])
+    if argv[:2] == ["bench", "serve"]:
+        return bench(argv[2:])
+    print(f"fake vllm: unsupported arguments {argv}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,148 @@
+"""The lab in a real browser: JupyterLab on 127.0.0.1 in headless Chromium, notebooks run, a slider
+dragged with the mouse redraws its chart. Every request that would leave 127.0.0.1 is blocked and
+fails the test. Screenshots go to artifacts/browser/.
+
+Needs Debian's chromium (/usr/bin/chromium) and playwright (in the [test] extra). Skipped when
+chromium is absent, except under CI (CI=true), where its absence is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+ARTIFACTS = ROOT / "artifacts" / "browser"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
+                 "--disable-background-networking", "--disable-component-update"]
+TIMEOUT_MS = 180_000
+
+pytestmark = pytest.mark.browser
+
+if not Path(CHROMIUM).exists():
+    if os.environ.get("CI"):
+        raise RuntimeError("the browser test needs chromium: apt-get install -y chromium")
+    pytest.skip("needs Debian's chromium (apt-get install -y chromium)", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def jupyterlab(tmp_path_factory):
+    """JupyterLab on a copy of the notebooks (autosave must not touch the repository's files)."""
+    work = tmp_path_factory.mktemp("lab")
+    nb_dir = work / "notebooks"
+    shutil.copytree(ROOT / "notebooks", nb_dir, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    user_settings = {  # no news pop-up; render every cell (no windowing) so off-screen outputs exist in the DOM
+        "apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True},
+        "notebook-extension/tracker": {"windowingMode": "none"},
+    }
+    for name, values in user_settings.items():
+        path = work / "settings" / "@jupyterlab" / f"{name}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+    port = _free_port()
+    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(work / "settings"), "TREEWY_DEVICE": "cpu",
+           "TREEWY_SMALL": "1", "JUPYTER_CONFIG_DIR": str(work / "config")}
+    log = open(work / "jupyterlab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
+         f"--ServerApp.root_dir={nb_dir}", "--allow-root"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/status", timeout=2)
+            break
+        except OSError:
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("JupyterLab did not start:\n" + (work / "jupyterlab.log").read_text()[-3000:])
+            time.sleep(0.5)
+    yield url
+    os.killpg(proc.pid, 15)
+    proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def browser_context():
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    outside: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        ctx = browser.new_context(viewport={"width": 1500, "height": 1100})
+
+        def guard(route):
+            url = route.request.url
+            if url.startswith(("data:", "blob:")) or urlparse(url).hostname == "127.0.0.1":
+                route.continue_()
+            else:
+                outside.append(url)
+                route.abort()
+
+        ctx.route("**/*", guard)
+        yield ctx, outside
+        browser.close()
+
+
+def run_all(page, base: str, notebook: str) -> None:
+    page.goto(f"{base}/lab/tree/{notebook}", timeout=TIMEOUT_MS)
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=TIMEOUT_MS)
+    page.locator(".jp-StatusBar-TextItem", has_text="| Idle").first.wait_for(timeout=TIMEOUT_MS)  # kernel ready
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+
+
+def drag_slider(page, label: str, fraction: float) -> None:
+    """Drag the handle of the slider described as ``label`` by ``fraction`` of its track, with the mouse."""
+    slider = page.locator(".widget-slider", has=page.get_by_text(label, exact=True)).first
+    slider.scroll_into_view_if_needed()
+    track = slider.locator(".noUi-target").bounding_box()
+    handle = slider.locator(".noUi-handle").bounding_box()
+    x, y = handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2
+    page.mouse.move(x, y)
+    page.mouse.down()
+    page.mouse.move(x + fraction * track["width"], y, steps=8)
+    page.mouse.up()
+
+
+def svg_texts(page) -> list[str]:
+    return page.locator(".jp-OutputArea svg text").evaluate_all("els => els.map(e => e.textContent)")
+
+
+def test_tree_notebook_slider_redraws_the_tree(jupyterlab, browser_context):
+    ctx, outside = browser_context
+    page = ctx.new_page()
+    run_all(page, jupyterlab, "02_tree_construction.ipynb")
+    status = page.get_by_text("N = 21 drafts, depth 3", exact=False).first
+    status.wait_for(timeout=TIMEOUT_MS)
+    page.get_by_text("widths (3, 2, 2): N = 21 drafts").first.wait_for(timeout=TIMEOUT_MS)
+    page.locator(".widget-slider", has=page.get_by_text("level 1", exact=True)).first.scroll_into_view_if_needed()
+    page.screenshot(path=ARTIFACTS / "02_before.png", full_page=False)
+    drag_slider(page, "level 1", 2 / 7)                       # level 1: 3 -> 5 on a 1..8 track
+    page.get_by_text("widths (5, 2, 2): N = 35 drafts").first.wait_for(timeout=TIMEOUT_MS)
+    page.get_by_text("N = 35 drafts, depth 3", exact=False).first.wait_for(timeout=TIMEOUT_MS)
+    texts = svg_texts(page)
+    assert any("widths (5, 2, 2)" in t for t in texts), texts
+    assert not any("widths (3, 2, 2)" in t for t in texts), "the tree chart kept its old title"
+    page.screenshot(path=ARTIFACTS / "02_after.png", full_page=False)
+    assert not outside, f"requests left 127.0.0.1: {outside}"

@@ -1,0 +1,128 @@
+"""treewy.memory: the paper's figures, vLLM's paging, and errors that say what to do."""
+
+import json
+
+import pytest
+
+from treewy.memory import GIB, KIB, MIB, GPU, ModelSpec, TINY_CONFIG, max_requests, paging
+
+M35, M397 = "qwen3.5-35b-a3b", "qwen3.5-397b-a17b"
+
+
+@pytest.mark.parametrize("name, kib", [(M35, 20), (M397, 30)], ids=["35b", "397b"])
+def test_kv_per_token_is_the_papers(name, kib):
+    assert ModelSpec.from_name(name).kv_bytes_per_token() == kib * KIB
+
+
+@pytest.mark.parametrize("name, mib", [(M35, 30), (M397, 90)], ids=["35b", "397b"])
+def test_bf16_gdn_state_per_sequence_is_the_papers(name, mib):
+    assert ModelSpec.from_name(name).gdn_state_bytes("bfloat16") == mib * MIB
+
+
+@pytest.mark.parametrize("name, mib", [(M35, 120), (M397, 360)], ids=["35b", "397b"])
+def test_store_all_depth3_chain_holds_four_states(name, mib):
+    m = ModelSpec.from_name(name)
+    assert m.state_blocks("store_all", (1, 1, 1)) == 4
+    assert m.state_blocks("reconstruct", (1, 1, 1)) == 1
+    assert m.state_bytes("store_all", (1, 1, 1), "bfloat16") == mib * MIB
+    assert m.state_bytes("reconstruct", (1, 1, 1), "bfloat16") == mib * MIB // 4
+
+
+@pytest.mark.parametrize("name, gib", [(M35, 0.625), (M397, 0.94)], ids=["35b", "397b"])
+def test_kv_at_32k_context_is_the_papers(name, gib):
+    assert round(ModelSpec.from_name(name).kv_bytes_per_token() * 32768 / GIB, 3 if gib == 0.625 else 2) == gib
+
+
+def test_store_all_blocks_follow_the_tree():
+    m = ModelSpec.from_name(M35)
+    assert [m.state_blocks("store_all", w) for w in [(2, 2, 2), (3, 3, 3)]] == [15, 40]
+
+
+@pytest.mark.parametrize("name, billions", [(M35, 35), (M397, 397), ("qwen3-next-80b-a3b", 80)])
+def test_parameter_count_matches_the_name(name, billions):
+    """Weights are counted from the architecture; the total must land near the published size."""
+    assert abs(ModelSpec.from_name(name).param_count() / 1e9 / billions - 1) < 0.05
+
+
+def test_mamba_page_is_padded_to_the_attention_page():
+    for mode in ("store_all", "reconstruct"):
+        for dtype in ("float32", "bfloat16"):
+            L = paging(M35, "b200", gmu=0.6, mode=mode, state_dtype=dtype)
+            assert L.block_size % 16 == 0
+            assert L.page_bytes == L.block_size * L.attn_bytes_per_token_layer
+            assert 0 <= L.page_bytes - L.mamba_page_raw_bytes < 16 * L.attn_bytes_per_token_layer
+    L = paging(M35, "b200", gmu=0.6, mode="store_all")
+    # 10 attention layers + the MTP layer form the attention group; 30 GDN layers -> 3 groups
+    assert (L.group_size, L.attn_groups, L.gdn_groups) == (11, 1, 3)
+    assert L.state_blocks_per_request == 12
+    assert L.blocks_per_request(2 * L.block_size) == 14
+    assert L.num_blocks * L.block_bytes <= L.pool_bytes < (L.num_blocks + 1) * L.block_bytes
+
+
+def test_conv_state_sits_in_the_same_page():
+    m = ModelSpec.from_name(M35)
+    L = paging(m, "b200", gmu=0.6, mode="store_all", state_dtype="float32")
+    assert L.mamba_page_raw_bytes == m.gdn_state_bytes("float32") // 30 + m.conv_state_bytes(3 + 3)
+
+
+def test_reconstruct_fits_more_requests_of_every_length():
+    for tokens in (256, 2048, 32768):
+        sa = max_requests(M35, "b200", tokens, gmu=0.6, mode="store_all")
+        rc = max_requests(M35, "b200", tokens, gmu=0.6, mode="reconstruct")
+        assert rc > sa > 0
+
+
+def test_more_memory_never_admits_fewer():
+    for mode in ("store_all", "reconstruct"):
+        fits = [max_requests(M35, "b200", 4096, gmu=g, mode=mode) for g in (0.45, 0.5, 0.6, 0.7, 0.8, 0.9)]
+        assert fits == sorted(fits) and fits[-1] > fits[0]
+    per_gpu = [max_requests(M35, g, 4096, tp=2, gmu=0.9) for g in ("h100", "h200", "b200")]
+    assert per_gpu == sorted(per_gpu)
+
+
+def test_tensor_parallel_splits_weights_and_state():
+    m = ModelSpec.from_name(M397)
+    assert m.weight_bytes(8) * 8 == pytest.approx(m.weight_bytes(1), rel=1e-9)
+    assert m.gdn_state_bytes("bfloat16", tp=8) * 8 == m.gdn_state_bytes("bfloat16")
+    assert m.kv_bytes_per_token(tp=8) == m.kv_bytes_per_token() // 2   # 2 KV heads: replicated past tp = 2
+    assert paging(M397, "b200", tp=8, gmu=0.9).num_blocks > 0
+
+
+def test_tiny_preset_describes_the_tiny_checkpoint():
+    m = ModelSpec.from_name("tiny")
+    assert m.num_gdn_layers >= 1 and m.num_attn_layers >= 1
+    if TINY_CONFIG.exists():
+        cfg = json.loads(TINY_CONFIG.read_text())
+        cfg = cfg.get("text_config", cfg)
+        assert m.hidden_size == cfg["hidden_size"]
+        assert m.num_gdn_layers + m.num_attn_layers == cfg["num_hidden_layers"]
+        assert m.gdn_value_heads == cfg["linear_num_value_heads"]
+    assert paging(m, "h100", gmu=0.5).num_blocks > 0
+
+
+def test_unknown_presets_list_the_known_ones():
+    with pytest.raises(ValueError, match="qwen3.5-35b-a3b.*tiny|tiny.*qwen3.5-35b-a3b"):
+        ModelSpec.from_name("llama-70b")
+    with pytest.raises(ValueError, match="b200.*h100.*h200"):
+        GPU.from_name("a100")
+
+
+def test_gmu_without_room_for_weights_says_so_with_numbers():
+    with pytest.raises(ValueError, match=r"gmu = 0\.3.*53\.4 GiB.*weights take 66\.9 GiB.*raise gmu above 0\.\d\d"):
+        paging(M35, "b200", gmu=0.3)
+
+
+@pytest.mark.parametrize("bad", [0, -5])
+def test_nonpositive_lengths_are_rejected(bad):
+    L = paging(M35, "b200", gmu=0.6)
+    with pytest.raises(ValueError, match=rf"tokens = {bad}: expected a positive integer"):
+        L.max_requests(bad)
+
+
+def test_bad_gmu_tp_and_dtype_are_rejected():
+    with pytest.raises(ValueError, match="gmu = 1.5"):
+        paging(M35, "b200", gmu=1.5)
+    with pytest.raises(ValueError, match="tp = 0"):
+        paging(M35, "b200", tp=0)
+    with pytest.raises(ValueError, match="dtype = 'int8'"):
+        ModelSpec.from_name(M35).gdn_state_bytes("int8")

@@ -1,0 +1,161 @@
+"""`treewy serve`: exact dry-run command lines, every refusal with its message, and a clean stop on Ctrl-C.
+
+The server runs are a fake ``vllm`` executable (tests/serve_fakes/fake_vllm.py) on PATH, bound to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "serve_fakes"))
+import support  # noqa: E402
+
+from treewy.cli import main  # noqa: E402
+from treewy.serve.launcher import ServeError, ServeOptions, build_command, check_mtp_weights  # noqa: E402
+from treewy.serve.presets import PRESETS, ServePreset  # noqa: E402
+
+
+def _dry(capsys, *argv):
+    assert main(["serve", "--dry-run", *argv]) == 0
+    out = capsys.readouterr().out.splitlines()
+    cmd = shlex.split(out[0])
+    env = dict(w.split("=", 1) for w in cmd if "=" in w and not w.startswith("-") and w.split("=")[0].isupper())
+    argv_ = [w for w in cmd if w not in {f"{k}={v}" for k, v in env.items()}]
+    return argv_, env, out
+
+
+def _flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+@pytest.mark.parametrize("preset,tp,gmu", [("qwen3.5-35b-a3b", "1", "0.6"), ("qwen3.5-397b-a17b", "8", "0.9")])
+@pytest.mark.parametrize("mode", ["store_all", "reconstruct"])
+def test_dry_run_prints_the_exact_command(capsys, preset, tp, gmu, mode):
+    argv, env, out = _dry(capsys, "--preset", preset, "--mode", mode)
+    assert argv[:3] == ["vllm", "serve", PRESETS[preset].model]
+    assert json.loads(_flag(argv, "--speculative-config")) == {"method": "mtp", "num_speculative_tokens": 3}
+    assert _flag(argv, "--tensor-parallel-size") == tp and _flag(argv, "--gpu-memory-utilization") == gmu
+    assert _flag(argv, "--max-num-seqs") == "256" and _flag(argv, "--host") == "127.0.0.1"
+    assert "--no-enable-prefix-caching" in argv
+    assert env["TREEWY_MODE"] == mode
+    if mode == "reconstruct":
+        assert env["VLLM_PLUGINS"] == "treewy"
+        assert json.loads(_flag(argv, "--compilation-config")) == {"cudagraph_mode": "PIECEWISE"}
+        assert "# env VLLM_PLUGINS=treewy" in out
+    else:
+        assert "VLLM_PLUGINS" not in env and "--compilation-config" not in argv
+
+
+def test_dry_run_overrides_and_model_path(capsys, tmp_path):
+    argv, env, _ = _dry(capsys, "--model", str(tmp_path), "-k", "5", "--gmu", "0.75", "--tp", "2", "--port", "8123",
+                        "--prefix-caching", "--max-num-seqs", "64", "--", "--max-model-len", "32768")
+    assert argv[2] == str(tmp_path)
+    assert json.loads(_flag(argv, "--speculative-config"))["num_speculative_tokens"] == 5
+    assert (_flag(argv, "--gpu-memory-utilization"), _flag(argv, "--tensor-parallel-size"), _flag(argv, "--port"),
+            _flag(argv, "--max-num-seqs"), _flag(argv, "--max-model-len")) == ("0.75", "2", "8123", "64", "32768")
+    assert "--enable-prefix-caching" in argv
+
+
+def test_reconstruct_refuses_prefix_caching():
+    with pytest.raises(ServeError, match="does not support prefix caching"):
+        build_command(ServeOptions(model="m", mode="reconstruct", prefix_caching=True))
+    with pytest.raises(ServeError, match="127.0.0.1 only"):
+        build_command(ServeOptions(model="m", host="0.0.0.0"))
+
+
+def test_unknown_preset_lists_the_known_ones(capsys):
+    assert main(["serve", "--preset", "qwen9", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'qwen9'" in err and "qwen3.5-35b-a3b" in err and "qwen3.5-397b-a17b" in err
+    with pytest.raises(ValueError, match="known presets"):
+        ServePreset.from_name("nope")
+
+
+def test_vllm_missing(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["serve", "--model", "m", "--no-gpu-check"]) == 2
+    assert "vLLM is not installed" in capsys.readouterr().err
+
+
+def test_no_gpu(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(support.fake_vllm_bin(tmp_path)))  # a vllm, but no nvidia-smi
+    assert main(["serve", "--model", "m"]) == 2
+    assert "no GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("indexed", [True, False], ids=["index", "single-file"])
+def test_checkpoint_without_mtp_weights(capsys, tmp_path, monkeypatch, indexed):
+    monkeypatch.setenv("PATH", str(support.fake_vllm_bin(tmp_path)))
+    bad = support.checkpoint(tmp_path, mtp_weights=False, indexed=indexed)
+    assert main(["serve", "--model", str(bad), "--no-gpu-check"]) == 2
+    assert "has no MTP weights" in capsys.readouterr().err
+    check_mtp_weights(str(support.checkpoint(tmp_path, indexed=indexed)))  # the same folder with mtp.* passes
+    with pytest.raises(ServeError, match="declares no MTP layers"):
+        check_mtp_weights(str(support.checkpoint(tmp_path, mtp_layers=0)))
+
+
+def test_port_in_use(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(support.fake_vllm_bin(tmp_path)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        assert main(["serve", "--model", str(support.checkpoint(tmp_path)), "--no-gpu-check", "--port", str(port)]) == 2
+    assert f"port {port} on 127.0.0.1 is already in use" in capsys.readouterr().err
+
+
+def test_server_that_fails_to_start(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(support.fake_vllm_bin(tmp_path)))
+    monkeypatch.setenv("FAKE_VLLM_FAIL_START", "1")
+    assert main(["serve", "--model", "m", "--no-gpu-check", "--port", str(support.free_port())]) == 2
+    err = capsys.readouterr().err
+    assert "exited with code 1 before becoming healthy" in err and "CUDA out of memory" in err
+
+
+def test_serve_waits_for_health_streams_logs_and_stops_on_ctrl_c(tmp_path):
+    port = support.free_port()
+    env = {**os.environ, "PATH": str(support.fake_vllm_bin(tmp_path)) + os.pathsep + os.environ["PATH"]}
+    proc = subprocess.Popen([sys.executable, "-m", "treewy.cli", "serve", "--model", str(support.checkpoint(tmp_path)),
+                             "--mode", "reconstruct", "--no-gpu-check", "--port", str(port), "--health-timeout", "30"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if "server ready" in line or not line:
+                break
+        assert any("server ready at http://127.0.0.1" in ln for ln in lines), "".join(lines)
+        assert any(ln.startswith("[vllm] INFO TREEWY_MODE=reconstruct VLLM_PLUGINS=treewy") for ln in lines)
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    for _ in range(50):  # the fake server (a grandchild) is gone: nothing accepts on its port
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            time.sleep(0.1)
+        except ConnectionRefusedError:
+            break
+    else:
+        pytest.fail(f"port {port} still served after treewy serve stopped")
+
+
+def test_importing_treewy_serve_does_not_import_vllm():
+    code = ("import sys, treewy.serve, treewy.serve.plugin, treewy.serve.cli_serve, treewy.serve.cli_bench, "
+            "treewy.serve.reconstruct, treewy.serve.vllm_names; "
+            "assert not [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')]")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,176 @@
+"""treewy.sim: invariants of the scheduler, the paper's serving checks, speed, and bad input."""
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import polars as pl
+import pytest
+
+from treewy.sim import WORKLOADS, ratio_table, simulate, sweep
+
+M35 = "qwen3.5-35b-a3b"
+
+
+@pytest.fixture(scope="module")
+def paper_sweep():
+    """35B, TP1, B200, gmu 0.6, depth-3 chain; 6 concurrencies x 5 workloads x 2 modes."""
+    t0 = time.process_time()
+    df = sweep(M35, "b200", tp=1, gmu=0.6, tree=(1, 1, 1), kernels=None)
+    return df, time.process_time() - t0
+
+
+def test_full_sweep_is_fast_and_labelled_simulated(paper_sweep):
+    df, cpu_s = paper_sweep
+    assert cpu_s < 30, f"a full sweep took {cpu_s:.1f} s of CPU; the target is < 10 s"
+    assert df.height == 6 * 5 * 2
+    assert df["simulated"].all() and (df["device"] == "simulated").all()
+    assert set(df["workload"]) == set(WORKLOADS) and set(df["mode"]) == {"store_all", "reconstruct"}
+    assert (df["cost_source"] == "analytic").all()
+    assert (df["failed"] == 0).all()
+
+
+def _ratios(df):
+    return {r["concurrency"]: r for r in ratio_table(df).iter_rows(named=True)}
+
+
+def test_below_the_knee_admission_is_equal_and_kv_usage_2_to_2_7x_lower(paper_sweep):
+    r = _ratios(paper_sweep[0])
+    for c in (1, 8, 32, 64):
+        assert abs(r[c]["peak admitted requests"] - 1.0) <= 0.03, (c, r[c])
+        assert 2.0 <= r[c]["peak KV usage reduction"] <= 2.7, (c, r[c])
+
+
+def test_store_all_pool_saturates_between_64_and_128(paper_sweep):
+    sa = paper_sweep[0].filter(pl.col("mode") == "store_all")
+    at = {c: sa.filter(pl.col("concurrency") == c) for c in (64, 128)}
+    assert at[64]["peak_kv_usage"].max() < 0.999
+    assert (at[64]["peak_running"] == 64).all()
+    assert at[128]["peak_kv_usage"].min() > 0.99
+    assert (at[128]["peak_running"] < 128).all()
+
+
+def test_above_the_knee_treewy_admits_1_2x_and_cuts_p99_ttft_2x(paper_sweep):
+    r = _ratios(paper_sweep[0])
+    for c in (128, 256):
+        assert r[c]["peak admitted requests"] >= 1.2, (c, r[c])
+        assert r[c]["p99 TTFT speedup"] >= 2.0, (c, r[c])
+
+
+def _points(**kw):
+    args = dict(model=M35, gpu="b200", gmu=0.6, mode=["store_all", "reconstruct"], workload="generation-heavy",
+                concurrency=[128], num_prompts=192, kernels=None, return_points=True)
+    args.update(kw)
+    return simulate(**args)
+
+
+def test_every_request_completes_once_with_its_tokens_and_the_pool_holds():
+    df, points = _points()
+    assert df.filter(pl.col("mode") == "store_all")["preemptions"].item() > 0   # the preemption path ran
+    for res in points:
+        ok = ~res.failed
+        assert (res.finish_count[ok] == 1).all() and (res.finish_count[~ok] == 0).all()
+        assert (res.generated[ok] == res.output[ok]).all()                     # output tokens conserved
+        assert res.capacity_violations == 0 and res.peak_blocks <= res.num_blocks
+        assert (res.t_first[ok] >= res.t_send[ok]).all() and (res.t_done[ok] >= res.t_first[ok]).all()
+    assert (df["completed"] == 192).all()
+
+
+def test_poisson_arrivals_complete_and_conserve_tokens():
+    df, points = _points(concurrency=None, rate=[2.0, 20.0], workload="balanced-chat", num_prompts=96)
+    assert df["request_rate"].to_list() == [2.0, 2.0, 20.0, 20.0] and df["concurrency"].is_null().all()
+    for res in points:
+        assert (res.finish_count == 1).all() and (res.generated == res.output).all()
+    assert df["p99_ttft_ms"][0] < df["p99_ttft_ms"][2] * 5   # a light load does not queue more
+
+
+def test_deterministic_for_a_seed():
+    kw = dict(model=M35, gpu="b200", mode="store_all", workload="sharegpt-chat", concurrency=[8, 128],
+              num_prompts=64, kernels=None)
+    a, b, c = simulate(seed=3, **kw), simulate(seed=3, **kw), simulate(seed=4, **kw)
+    cols = ["output_throughput", "p99_ttft_ms", "peak_kv_usage", "preemptions"]
+    assert a.select(cols).equals(b.select(cols))
+    assert not a.select(cols).equals(c.select(cols))
+
+
+def test_more_memory_never_admits_fewer_requests():
+    for mode in ("store_all", "reconstruct"):
+        peaks = [simulate(M35, "b200", gmu=g, mode=mode, workload="summarize-heavy", concurrency=[256],
+                          num_prompts=256, kernels=None)["peak_running"].item() for g in (0.5, 0.55, 0.6, 0.7, 0.8)]
+        assert peaks == sorted(peaks) and peaks[-1] > peaks[0], (mode, peaks)
+
+
+def test_acceptance_follows_the_paper_chain_and_given_rates():
+    df = simulate(M35, "b200", mode="reconstruct", workload="spec-bench", concurrency=[32], kernels=None)
+    assert abs(df["acceptance_length"].item() - 3.23) < 0.05
+    df = simulate(M35, "b200", mode="reconstruct", workload="spec-bench", concurrency=[32], kernels=None,
+                  acceptance=[0.5, 0.5, 0.5])
+    assert abs(df["acceptance_length"].item() - 1.875) < 0.05
+    frame = pl.DataFrame({"tree": ["(1, 1, 1)"], "acceptance_length": [2.5]})
+    df = simulate(M35, "b200", mode="reconstruct", workload="spec-bench", concurrency=[32], kernels=None,
+                  acceptance=frame)
+    assert abs(df["acceptance_length"].item() - 2.5) < 0.05
+
+
+def test_measured_kernel_ratios_replace_the_analytic_state_cost(tmp_path):
+    rows = [{"provider": p, "tree": "(1, 1, 1)", "num_nodes": 4, "B": b, "HV": 32, "state_dtype": "float32", "us": us}
+            for b in (1, 64, 256) for p, us in (("store_all", 100.0 * b), ("treewy", 400.0 * b), ("fla", 1.0))]
+    path = tmp_path / "kernels_h200_test.json"
+    path.write_text(json.dumps({"device": "h200", "date": "2026-11-29", "rows": rows}))
+    kw = dict(model=M35, gpu="b200", mode="reconstruct", workload="sharegpt-chat", concurrency=[64], num_prompts=64)
+    slow = simulate(kernels=path, **kw)
+    fast = simulate(kernels=None, **kw)
+    assert slow["cost_source"].item() == "measured:kernels_h200_test.json"
+    assert fast["cost_source"].item() == "analytic"
+    assert slow["mean_tpot_ms"].item() > fast["mean_tpot_ms"].item()   # 4x the store-all state time is slower
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(rate=[0.0]), r"rate = 0\.0: expected positive request rates"),
+    (dict(rate=[-2]), r"rate = -2: expected positive request rates"),
+    (dict(concurrency=[0]), r"concurrency = 0: expected positive integers"),
+    (dict(concurrency=[8], lengths=([100, 0], [10, 10])), r"lengths: every prompt length must be a positive"),
+    (dict(concurrency=[8], lengths=([100, 10], [10, -1])), r"lengths: every output length must be a positive"),
+    (dict(concurrency=[8], workload="chatbot-arena"), r"workload = 'chatbot-arena'.*sharegpt-chat"),
+    (dict(concurrency=[8], mode="store_some"), r"mode = 'store_some'.*store_all"),
+    (dict(concurrency=[8], model="gpt-4"), r"known presets are"),
+    (dict(concurrency=[8], gmu=0.2), r"gmu = 0\.2.*weights take .* GiB"),
+    (dict(concurrency=[8], rate=[1.0]), r"exactly one of concurrency"),
+], ids=["rate-zero", "rate-negative", "concurrency-zero", "prompt-zero", "output-negative", "workload", "mode",
+        "model", "gmu", "both"])
+def test_bad_input_names_the_argument(kw, match):
+    args = dict(model=M35, gpu="b200", mode="store_all", kernels=None)
+    args.update(kw)
+    with pytest.raises(ValueError, match=match):
+        simulate(**args)
+
+
+def test_explicit_lengths_run():
+    df = simulate(M35, "b200", mode="reconstruct", concurrency=[4], lengths=([100, 200, 300], [50, 60, 70]),
+                  kernels=None, workload="custom")
+    assert df["completed"].item() == 3
+
+
+def test_cli_prints_the_ratio_table(capsys):
+    from treewy.cli import main
+    assert main(["simulate", "--workload", "spec-bench", "--concurrency", "1,128", "--kernels", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "SIMULATED" in out and "peak admitted requests" in out and "[1.45]" in out
+
+
+def test_treewy_does_not_import_display_libraries():
+    code = ("import sys, treewy.memory, treewy.sim, treewy.sim.cli; "
+            "bad = [m for m in ('altair', 'ipywidgets') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_simulated_curves_move_with_memory():
+    """Sanity: on a small GPU share the knee moves left (fewer admitted at 64)."""
+    small = simulate(M35, "b200", gmu=0.45, mode="store_all", workload="balanced-chat", concurrency=[64],
+                     num_prompts=128, kernels=None)
+    big = simulate(M35, "b200", gmu=0.6, mode="store_all", workload="balanced-chat", concurrency=[64],
+                   num_prompts=128, kernels=None)
+    assert small["peak_running"].item() < big["peak_running"].item()
+    assert np.isfinite(small["p99_ttft_ms"].item())

@@ -1,0 +1,504 @@
+"""Analytic memory accounting for a vLLM-style server running a GDN hybrid (Qwen3.5 / Qwen3-Next).
+
+What a request costs, in bytes and in pool blocks, and how many requests a GPU holds:
+
+    model = ModelSpec.from_name("qwen3.5-35b-a3b")
+    model.kv_bytes_per_token()            # 20 KiB: softmax K and V of every attention layer, bf16
+    model.gdn_state_bytes("bfloat16")     # 30 MiB: one state per GDN layer
+    model.state_blocks("store_all", (1, 1, 1))   # 4 (N + 1); reconstruct: 1
+    layout = paging(model, GPU.from_name("b200"), gmu=0.6, mode="store_all", tree=(1, 1, 1))
+    layout.max_requests(4096)             # requests of 4096 tokens that fit in the pool
+
+How vLLM pages a hybrid model (vLLM main at 37ce349, see shared/reference §1.5), and what we keep:
+
+* One block pool shared by all layer groups. Layers are grouped by type into groups of
+  ``group_size`` layers (the smallest per-type layer count: the 10 or 11 attention layers); a block
+  id names one page in each of ``group_size`` tensors, so a block costs ``group_size * page`` bytes.
+  A type whose layer count is not a multiple of ``group_size`` gets a last, partly empty group
+  (vLLM pads it the same way). The MTP draft layer is a full-attention layer and joins the
+  attention group (``mtp_in_pool``).
+* Attention page = ``block_size`` tokens of K and V for one layer. A GDN ("mamba") page holds one
+  conv state and one SSM state for one layer; vLLM raises the attention block size to a multiple
+  of the kernel alignment (16) until an attention page is at least a mamba page, then pads the
+  mamba page up to the attention page.
+* A request holds ``cdiv(tokens, block_size)`` blocks in each attention group, and in each GDN
+  group 1 + num_speculative_blocks pages (``mamba_cache_mode="none"``): store-all N + 1, TreeWY's
+  reconstruct 1. Store-all's conv state is ``kernel - 1 + N`` wide (vLLM's sliding window);
+  reconstruct keeps ``kernel - 1`` (the commit gathers the accepted path's inputs, DESIGN §2).
+* Pool = gmu * GPU memory - weights - activation reserve. The reserve stands in for vLLM's profile
+  run; see ``activation_reserve_bytes`` for its terms.
+
+Approximations (say so wherever they matter): weights are counted from the published
+architecture (bf16, all experts resident, divided evenly over TP ranks; a ~0.4 B-parameter vision
+tower is added for Qwen3.5 as a round number, not read from a config); the activation reserve is a
+formula, not a profile; CUDA-graph memory and non-torch allocations are fixed guesses (1 GiB,
+0.5 GiB); KV heads are replicated when tp > num_kv_heads (as vLLM does); prefix caching is off.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+GIB = 1024**3
+MIB = 1024**2
+KIB = 1024
+
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+MODES = ("store_all", "reconstruct")
+
+TINY_CONFIG = Path(__file__).parent / "models" / "tiny" / "config.json"
+
+#: Used for "tiny" only when treewy/models/tiny/config.json does not exist yet.
+_TINY_FALLBACK = {
+    "hidden_size": 256, "num_hidden_layers": 4, "full_attention_interval": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4,
+    "vocab_size": 260, "intermediate_size": 768, "tie_word_embeddings": True,
+    "mtp_num_hidden_layers": 1, "mamba_ssm_dtype": "float32",
+}
+
+
+def _bytes_of(dtype: str, name: str = "dtype") -> int:
+    key = str(dtype).replace("torch.", "")
+    if key not in DTYPE_BYTES:
+        raise ValueError(f"{name} = {dtype!r}: expected one of {sorted(set(DTYPE_BYTES))}; "
+                         "the GDN state is usually 'float32' (Qwen3.5) or 'bfloat16' (Qwen3-Next)")
+    return DTYPE_BYTES[key]
+
+
+def _positive(name: str, value, fix: str, *, integer: bool = False, allow_zero: bool = False):
+    bad_type = isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int))
+    if bad_type or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        kind = "a positive integer" if integer else "a positive number"
+        raise ValueError(f"{name} = {value!r}: expected {kind}; {fix}")
+    return value
+
+
+def tree_num_nodes(tree) -> int:
+    """T = N + 1 of a draft tree given as branching factors (1, 1, 1), a DraftTree or a parent array."""
+    if hasattr(tree, "num_nodes"):
+        return int(tree.num_nodes)
+    if isinstance(tree, (tuple, list)) and all(isinstance(w, int) and not isinstance(w, bool) for w in tree) \
+            and (len(tree) == 0 or tree[0] != -1):
+        total, level = 1, 1
+        for d, w in enumerate(tree):
+            if w < 1:
+                raise ValueError(f"tree[{d}] = {w!r}: branching factors must be positive integers, e.g. (3, 3, 2)")
+            level *= w
+            total += level
+        return total
+    from treewy.tree import as_tree  # parent arrays need the validator (and torch)
+    return as_tree(tree).num_nodes
+
+
+def tree_depth(tree) -> int:
+    if hasattr(tree, "max_depth"):
+        return int(tree.max_depth)
+    if isinstance(tree, (tuple, list)) and (len(tree) == 0 or tree[0] != -1):
+        return len(tree)
+    from treewy.tree import as_tree
+    return as_tree(tree).max_depth
+
+
+def tree_widths(tree) -> tuple[int, ...]:
+    """Branching factors per level (for a general tree: the widest fan-out of each level)."""
+    if isinstance(tree, (tuple, list)) and (len(tree) == 0 or tree[0] != -1):
+        return tuple(int(w) for w in tree)
+    from treewy.tree import as_tree
+    t = as_tree(tree)
+    if t.widths is not None:
+        return t.widths
+    depth = t.depth.tolist()
+    par = t.parents.tolist()
+    out = []
+    for d in range(1, t.max_depth + 1):
+        kids: dict[int, int] = {}
+        for node, p in enumerate(par):
+            if depth[node] == d:
+                kids[p] = kids.get(p, 0) + 1
+        out.append(max(kids.values()))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A hybrid GDN / softmax-attention model: the numbers memory and cost depend on."""
+
+    name: str
+    hidden_size: int
+    num_gdn_layers: int
+    num_attn_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    gdn_key_heads: int
+    gdn_value_heads: int
+    gdn_key_dim: int
+    gdn_value_dim: int
+    conv_kernel: int
+    vocab_size: int
+    num_experts: int = 0               # 0: a dense MLP of intermediate_size
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    intermediate_size: int = 0
+    attn_output_gate: bool = True
+    tie_embeddings: bool = False
+    mtp_layers: int = 1
+    extra_params: float = 0.0          # vision tower etc.: loaded, never read while decoding text
+    default_state_dtype: str = "float32"
+    weight_dtype: str = "bfloat16"
+    source: str = "preset"
+
+    @classmethod
+    def from_name(cls, name: str) -> ModelSpec:
+        key = str(name).lower()
+        if key == "tiny":
+            if TINY_CONFIG.exists():
+                return cls.from_config(TINY_CONFIG, name="tiny")
+            return cls.from_config(_TINY_FALLBACK, name="tiny", source="built-in fallback (no treewy/models/tiny/config.json)")
+        if key not in _PRESETS:
+            raise ValueError(f"model = {name!r}: unknown preset; known presets are {sorted([*_PRESETS, 'tiny'])}, "
+                             "or build one with ModelSpec.from_config(path_to_config_json)")
+        return _PRESETS[key]
+
+    @classmethod
+    def from_config(cls, config, *, name: str | None = None, source: str | None = None) -> ModelSpec:
+        """A spec from a Hugging Face Qwen3.5 / Qwen3-Next config (dict or path to config.json)."""
+        path = None
+        if not isinstance(config, dict):
+            path = Path(config)
+            config = json.loads(path.read_text())
+        cfg = dict(config.get("text_config", config))
+        n = int(cfg["num_hidden_layers"])
+        if "layer_types" in cfg:
+            types = list(cfg["layer_types"])[:n]
+        else:
+            every = int(cfg.get("full_attention_interval", 4))
+            types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)]
+        n_attn = sum(t == "full_attention" for t in types)
+        heads = int(cfg["num_attention_heads"])
+        experts = int(cfg.get("num_experts", 0) or 0)
+        return cls(
+            name=name or cfg.get("_name_or_path") or (path.parent.name if path else "custom"),
+            hidden_size=int(cfg["hidden_size"]),
+            num_gdn_layers=n - n_attn,
+            num_attn_layers=n_attn,
+            num_attention_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads", heads)),
+            head_dim=int(cfg.get("head_dim", cfg["hidden_size"] // heads)),
+            gdn_key_heads=int(cfg["linear_num_key_heads"]),
+            gdn_value_heads=int(cfg["linear_num_value_heads"]),
+            gdn_key_dim=int(cfg["linear_key_head_dim"]),
+            gdn_value_dim=int(cfg["linear_value_head_dim"]),
+            conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
+            vocab_size=int(cfg["vocab_size"]),
+            num_experts=experts,
+            experts_per_token=int(cfg.get("num_experts_per_tok", 0) or 0) if experts else 0,
+            moe_intermediate_size=int(cfg.get("moe_intermediate_size", 0) or 0) if experts else 0,
+            shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size", 0) or 0) if experts else 0,
+            intermediate_size=int(cfg.get("intermediate_size", 0) or 0),
+            attn_output_gate=bool(cfg.get("attn_output_gate", True)),
+            tie_embeddings=bool(config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
+            mtp_layers=int(cfg.get("mtp_num_hidden_layers", cfg.get("num_nextn_predict_layers", 0)) or 0),
+            default_state_dtype=str(cfg.get("mamba_ssm_dtype", "bfloat16")),
+            source=source or (str(path) if path else "config dict"),
+        )
+
+    # --- per token / per sequence -------------------------------------------------------------
+    def kv_heads_per_gpu(self, tp: int = 1) -> float:
+        """KV heads a rank stores: heads / tp, at least 1 (vLLM replicates KV heads when tp > heads)."""
+        return max(self.num_kv_heads / tp, 1.0)
+
+    def kv_bytes_per_token(self, tp: int = 1, dtype: str = "bfloat16", *, include_mtp: bool = False) -> int:
+        """Softmax K + V bytes per token over all attention layers (per GPU when tp > 1)."""
+        layers = self.num_attn_layers + (self.mtp_layers if include_mtp else 0)
+        return int(2 * layers * self.kv_heads_per_gpu(tp) * self.head_dim * _bytes_of(dtype))
+
+    def gdn_state_bytes(self, dtype: str | None = None, tp: int = 1) -> int:
+        """One recurrent state [HV, V, K] per GDN layer, per sequence (per GPU when tp > 1)."""
+        dtype = dtype or self.default_state_dtype
+        return int(self.num_gdn_layers * self.gdn_value_heads / tp * self.gdn_value_dim * self.gdn_key_dim
+                   * _bytes_of(dtype))
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the depthwise conv in front of each GDN layer (q, k and v)."""
+        return 2 * self.gdn_key_heads * self.gdn_key_dim + self.gdn_value_heads * self.gdn_value_dim
+
+    def conv_state_bytes(self, width: int | None = None, tp: int = 1, dtype: str = "bfloat16") -> int:
+        """Conv state per GDN layer per sequence: ``width`` (default kernel - 1) past inputs of conv_dim channels."""
+        width = self.conv_kernel - 1 if width is None else width
+        return int(self.conv_dim / tp * width * _bytes_of(dtype))
+
+    def state_blocks(self, mode: str, tree=(1, 1, 1)) -> int:
+        """GDN state blocks a request holds per layer: store_all N + 1, reconstruct 1."""
+        if mode not in MODES:
+            raise ValueError(f"mode = {mode!r}: expected one of {MODES}")
+        return tree_num_nodes(tree) if mode == "store_all" else 1
+
+    def state_bytes(self, mode: str, tree=(1, 1, 1), dtype: str | None = None, tp: int = 1) -> int:
+        """GDN state memory of one sequence under a mode (no conv state, no padding)."""
+        return self.state_blocks(mode, tree) * self.gdn_state_bytes(dtype, tp)
+
+    def pseudo_value_bytes(self, tree=(1, 1, 1), tp: int = 1) -> int:
+        """TreeWY's transient U, T x V per value head in fp32, for one GDN layer of one request."""
+        return int(tree_num_nodes(tree) * self.gdn_value_heads / tp * self.gdn_value_dim * 4)
+
+    # --- parameters -----------------------------------------------------------------------------
+    @property
+    def attn_layer_params(self) -> int:
+        q = self.num_attention_heads * self.head_dim * (2 if self.attn_output_gate else 1)
+        kv = 2 * self.num_kv_heads * self.head_dim
+        return self.hidden_size * (q + kv) + self.num_attention_heads * self.head_dim * self.hidden_size
+
+    @property
+    def gdn_layer_params(self) -> int:
+        qkvz = 2 * self.gdn_key_heads * self.gdn_key_dim + 2 * self.gdn_value_heads * self.gdn_value_dim
+        return (self.hidden_size * (qkvz + 2 * self.gdn_value_heads) + self.conv_dim * self.conv_kernel
+                + self.gdn_value_heads * self.gdn_value_dim * self.hidden_size)
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert (gate, up, down)."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def mlp_dense_params(self) -> int:
+        """The MLP part every token reads: a dense MLP, or the shared expert + router of an MoE layer."""
+        if self.num_experts:
+            return 3 * self.hidden_size * self.shared_expert_intermediate_size + self.hidden_size * (self.num_experts + 1)
+        return 3 * self.hidden_size * self.intermediate_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.num_gdn_layers + self.num_attn_layers
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size * (1 if self.tie_embeddings else 2)
+
+    def mtp_params(self) -> int:
+        per = self.attn_layer_params + self.mlp_dense_params + self.num_experts * self.expert_params \
+            + 2 * self.hidden_size * self.hidden_size
+        return self.mtp_layers * per
+
+    def param_count(self) -> int:
+        """All weights the server loads: text model, MTP layer(s), every expert, extra towers."""
+        per_layer_mlp = self.mlp_dense_params + self.num_experts * self.expert_params
+        return int(self.embedding_params + self.num_attn_layers * self.attn_layer_params
+                   + self.num_gdn_layers * self.gdn_layer_params + self.num_layers * per_layer_mlp
+                   + self.mtp_params() + self.extra_params)
+
+    def active_params_per_token(self) -> int:
+        """Weights one token multiplies with (embedding lookup excluded, lm_head included)."""
+        mlp = self.mlp_dense_params + self.experts_per_token * self.expert_params
+        return int(self.vocab_size * self.hidden_size + self.num_attn_layers * self.attn_layer_params
+                   + self.num_gdn_layers * self.gdn_layer_params + self.num_layers * mlp)
+
+    def weight_bytes(self, tp: int = 1) -> int:
+        """Weights per GPU: every expert resident, split evenly over TP ranks."""
+        return int(self.param_count() * _bytes_of(self.weight_dtype) / tp)
+
+
+def _qwen35(name, hidden, layers, heads, value_heads, experts, topk, moe_inter, vocab=248320):
+    return ModelSpec(
+        name=name, hidden_size=hidden, num_gdn_layers=layers * 3 // 4, num_attn_layers=layers // 4,
+        num_attention_heads=heads, num_kv_heads=2, head_dim=256, gdn_key_heads=16, gdn_value_heads=value_heads,
+        gdn_key_dim=128, gdn_value_dim=128, conv_kernel=4, vocab_size=vocab, num_experts=experts,
+        experts_per_token=topk, moe_intermediate_size=moe_inter, shared_expert_intermediate_size=moe_inter,
+        mtp_layers=1, default_state_dtype="float32",
+        source="published config (hidden, layers, heads, experts as in the Hugging Face config.json)")
+
+
+_PRESETS: dict[str, ModelSpec] = {
+    "qwen3.5-35b-a3b": replace(_qwen35("qwen3.5-35b-a3b", 2048, 40, 16, 32, 256, 8, 512), extra_params=0.4e9),
+    "qwen3.5-397b-a17b": replace(_qwen35("qwen3.5-397b-a17b", 4096, 60, 32, 64, 512, 10, 1024), extra_params=0.4e9),
+    # Qwen3-Next has no mamba_ssm_dtype field: vLLM serves its GDN state in bf16 unless told otherwise.
+    "qwen3-next-80b-a3b": replace(_qwen35("qwen3-next-80b-a3b", 2048, 48, 16, 32, 512, 10, 512, vocab=151936),
+                                  default_state_dtype="bfloat16"),
+}
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_gib: float
+    hbm_tb_s: float            # spec-sheet HBM bandwidth
+    bf16_tflops: float         # dense bf16 tensor-core peak
+    link_gb_s: float           # NVLink per-GPU bandwidth (one direction), for TP all-reduces
+
+    @classmethod
+    def from_name(cls, name: str) -> GPU:
+        key = str(name).lower()
+        if key not in _GPUS:
+            raise ValueError(f"gpu = {name!r}: unknown GPU; known GPUs are {sorted(_GPUS)}, "
+                             "or build one with GPU(name, memory_gib, hbm_tb_s, bf16_tflops, link_gb_s)")
+        return _GPUS[key]
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * GIB)
+
+
+_GPUS = {
+    "b200": GPU("b200", 178.0, 8.0, 2250.0, 900.0),
+    "h200": GPU("h200", 141.0, 4.8, 989.0, 450.0),
+    "h100": GPU("h100", 80.0, 3.35, 989.0, 450.0),
+}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The vLLM knobs that shape memory: defaults of ``vllm serve`` on a >= 70 GiB GPU."""
+
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 8192
+    kernel_block_alignment: int = 16
+    cudagraph_gib: float = 1.0
+    non_torch_gib: float = 0.5
+    mtp_in_pool: bool = True          # the MTP layer's KV shares the pool with the target's
+
+
+def activation_reserve_bytes(model: ModelSpec, tp: int = 1, mode: str = "store_all", tree=(1, 1, 1),
+                             server: ServerConfig = ServerConfig()) -> dict[str, int]:
+    """What vLLM keeps out of the KV pool besides weights, term by term (bytes per GPU).
+
+    activations: max_num_batched_tokens tokens of hidden states (4 live copies), the widest
+      projection (GDN qkvz or gated q) and the routed experts' gate/up/down intermediates, bf16;
+    sampler: vLLM's dummy sampler run over min(max_num_seqs, max_num_batched_tokens) rows with top-k /
+      top-p on: fp32 logits, their sort (fp32 values + int64 indices) and fp32 probabilities,
+      20 bytes per vocabulary entry (the largest and least certain term: a real profile decides);
+    pseudo_values: reconstruct only, TreeWY's U for max_num_seqs requests (one layer at a time);
+    cudagraph, non_torch: fixed guesses.
+    """
+    proj = max(2 * model.gdn_key_heads * model.gdn_key_dim + 2 * model.gdn_value_heads * model.gdn_value_dim,
+               model.num_attention_heads * model.head_dim * 2)
+    mlp = model.experts_per_token * model.moe_intermediate_size * 3 if model.num_experts else model.intermediate_size * 3
+    per_token = 2 * (4 * model.hidden_size + proj / tp + mlp / tp)
+    terms = {
+        "activations": int(server.max_num_batched_tokens * per_token),
+        "sampler": int(min(server.max_num_seqs, server.max_num_batched_tokens) * model.vocab_size * 20),
+        "pseudo_values": model.pseudo_value_bytes(tree, tp) * server.max_num_seqs if mode == "reconstruct" else 0,
+        "cudagraph": int(server.cudagraph_gib * GIB),
+        "non_torch": int(server.non_torch_gib * GIB),
+    }
+    return terms
+
+
+@dataclass(frozen=True)
+class PagingLayout:
+    """The KV pool of one GPU for one (model, gpu, tp, gmu, mode, tree): vLLM's hybrid paging."""
+
+    model: ModelSpec
+    gpu: GPU
+    tp: int
+    gmu: float
+    mode: str
+    num_nodes: int
+    state_dtype: str
+    attn_bytes_per_token_layer: int
+    block_size: int
+    page_bytes: int
+    mamba_page_raw_bytes: int
+    group_size: int
+    attn_groups: int
+    gdn_groups: int
+    pages_per_gdn_group: int
+    weight_bytes: int
+    reserve_bytes: int
+    pool_bytes: int
+    num_blocks: int
+    reserve_terms: dict = field(default_factory=dict)
+
+    @property
+    def block_bytes(self) -> int:
+        return self.page_bytes * self.group_size
+
+    @property
+    def mamba_padding_bytes(self) -> int:
+        return self.page_bytes - self.mamba_page_raw_bytes
+
+    @property
+    def state_blocks_per_request(self) -> int:
+        """Pool blocks a request's GDN state takes (all GDN groups)."""
+        return self.gdn_groups * self.pages_per_gdn_group
+
+    def attn_blocks(self, tokens: int) -> int:
+        return self.attn_groups * -(-int(tokens) // self.block_size)
+
+    def blocks_per_request(self, tokens: int) -> int:
+        """Pool blocks of a request holding ``tokens`` tokens of KV."""
+        _positive("tokens", tokens, "pass the context length of a request (prompt + output)", integer=True)
+        return self.attn_blocks(tokens) + self.state_blocks_per_request
+
+    def max_requests(self, tokens: int) -> int:
+        """How many requests of ``tokens`` tokens fit in the pool at once."""
+        return self.num_blocks // self.blocks_per_request(tokens)
+
+    def summary(self) -> dict:
+        return {
+            "model": self.model.name, "gpu": self.gpu.name, "tp": self.tp, "gmu": self.gmu, "mode": self.mode,
+            "state_dtype": self.state_dtype, "weights_gib": self.weight_bytes / GIB,
+            "reserve_gib": self.reserve_bytes / GIB, "pool_gib": self.pool_bytes / GIB,
+            "block_size": self.block_size, "page_kib": self.page_bytes / KIB,
+            "mamba_padding_kib": self.mamba_padding_bytes / KIB, "group_size": self.group_size,
+            "num_blocks": self.num_blocks, "state_blocks_per_request": self.state_blocks_per_request,
+        }
+
+
+def paging(model: ModelSpec | str, gpu: GPU | str, *, tp: int = 1, gmu: float = 0.9, mode: str = "store_all",
+           tree=(1, 1, 1), state_dtype: str | None = None, server: ServerConfig = ServerConfig()) -> PagingLayout:
+    """Lay out the KV pool the way vLLM does for a GDN hybrid; raises if the weights do not fit."""
+    model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
+    gpu = gpu if isinstance(gpu, GPU) else GPU.from_name(gpu)
+    _positive("tp", tp, "use the tensor-parallel degree, e.g. 1, 2, 4 or 8", integer=True)
+    if isinstance(gmu, bool) or not isinstance(gmu, (int, float)) or not 0 < gmu <= 1:
+        raise ValueError(f"gmu = {gmu!r}: gpu-memory-utilization is a fraction in (0, 1], e.g. 0.6 or 0.9")
+    if mode not in MODES:
+        raise ValueError(f"mode = {mode!r}: expected one of {MODES}")
+    state_dtype = state_dtype or model.default_state_dtype
+    T = tree_num_nodes(tree)
+    N = T - 1
+
+    attn_layers = model.num_attn_layers + (model.mtp_layers if server.mtp_in_pool else 0)
+    attn_tok = int(2 * model.kv_heads_per_gpu(tp) * model.head_dim * 2)   # one layer, bf16 K and V
+    conv_width = model.conv_kernel - 1 + (N if mode == "store_all" else 0)
+    mamba_raw = model.conv_state_bytes(conv_width, tp) + model.gdn_state_bytes(state_dtype, tp) // model.num_gdn_layers
+    align = server.kernel_block_alignment
+    block_size = align * -(-mamba_raw // (align * attn_tok))
+    page = block_size * attn_tok
+    group_size = min(attn_layers, model.num_gdn_layers)
+    if max(attn_layers, model.num_gdn_layers) < 1.25 * group_size:
+        group_size = max(attn_layers, model.num_gdn_layers)
+    attn_groups = -(-attn_layers // group_size)
+    gdn_groups = -(-model.num_gdn_layers // group_size)
+
+    weights = model.weight_bytes(tp)
+    terms = activation_reserve_bytes(model, tp, mode, tree, server)
+    reserve = sum(terms.values())
+    budget = gmu * gpu.memory_bytes
+    pool = budget - weights - reserve
+    if pool <= 0:
+        need = (weights + reserve) / gpu.memory_bytes
+        raise ValueError(
+            f"gmu = {gmu}: {gmu} x {gpu.memory_gib:.0f} GiB ({gpu.name}) = {budget / GIB:.1f} GiB leaves no room for the "
+            f"KV pool: weights take {weights / GIB:.1f} GiB per GPU at tp = {tp} and the activation reserve "
+            f"{reserve / GIB:.1f} GiB; raise gmu above {need:.2f} or raise tp")
+    num_blocks = int(pool // (page * group_size))
+    return PagingLayout(
+        model=model, gpu=gpu, tp=tp, gmu=float(gmu), mode=mode, num_nodes=T, state_dtype=state_dtype,
+        attn_bytes_per_token_layer=attn_tok, block_size=block_size, page_bytes=page, mamba_page_raw_bytes=mamba_raw,
+        group_size=group_size, attn_groups=attn_groups, gdn_groups=gdn_groups,
+        pages_per_gdn_group=model.state_blocks(mode, tree), weight_bytes=weights, reserve_bytes=reserve,
+        pool_bytes=int(pool), num_blocks=num_blocks, reserve_terms=terms)
+
+
+def max_requests(model, gpu, tokens: int, *, tp: int = 1, gmu: float = 0.9, mode: str = "store_all",
+                 tree=(1, 1, 1), state_dtype: str | None = None) -> int:
+    """Requests of ``tokens`` tokens that fit in the pool at once."""
+    return paging(model, gpu, tp=tp, gmu=gmu, mode=mode, tree=tree, state_dtype=state_dtype).max_requests(tokens)

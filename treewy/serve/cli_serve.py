@@ -1,0 +1,108 @@
+"""``treewy serve``: start vLLM with MTP speculation in store_all (stock) or reconstruct (TreeWY plugin) mode.
+
+    treewy serve --preset qwen3.5-35b-a3b --mode reconstruct --dry-run
+    treewy serve --model /ckpt/Qwen3.5-35B-A3B --mode store_all --port 8001 -- --max-model-len 32768
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from treewy.serve.launcher import (
+    ServeError,
+    ServeOptions,
+    VLLMServer,
+    build_command,
+    check_gpu,
+    check_mtp_weights,
+    check_port_free,
+    check_vllm_installed,
+    format_command,
+)
+from treewy.serve.presets import PRESETS, ServePreset
+from treewy.tree import STATE_MODES
+
+
+def add_server_arguments(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``serve`` and ``bench-serve``."""
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", help=f"named preset: {', '.join(sorted(PRESETS))}")
+    src.add_argument("--model", help="a Hugging Face id or a local checkpoint directory (needs MTP weights)")
+    p.add_argument("--tp", type=int, help="tensor-parallel size (preset default, else 1)")
+    p.add_argument("--gmu", type=float, help="gpu-memory-utilization (preset default, else 0.9)")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, dest="k", help="MTP chain length (default 3)")
+    p.add_argument("--max-num-seqs", type=int, help="vLLM --max-num-seqs (default 256)")
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                   help="vLLM prefix caching (store_all only; default off)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (127.0.0.1 only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--vllm", default="vllm", help="the vllm executable (default: vllm on PATH)")
+    p.add_argument("--health-timeout", type=float, default=1800.0, help="seconds to wait for /health")
+    p.add_argument("--no-gpu-check", action="store_true",
+                   help="skip the GPU check (for a stand-in vllm executable, e.g. in tests)")
+    p.add_argument("--log-file", help="also write the server log here")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_server_arguments(p)
+    p.add_argument("--mode", choices=STATE_MODES, default="store_all",
+                   help="store_all: stock vLLM (1 + k state blocks per request); reconstruct: the TreeWY plugin")
+    p.add_argument("--dry-run", action="store_true", help="print the exact command and environment, run nothing")
+    p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more arguments passed to vllm serve")
+
+
+def options_from_args(args, mode: str) -> tuple[ServeOptions, str]:
+    """(options, name for the tables): preset defaults, then explicit flags."""
+    extra = [a for a in (getattr(args, "extra", None) or []) if a != "--"]
+    over = dict(tp=args.tp, gmu=args.gmu, num_speculative_tokens=args.k, max_num_seqs=args.max_num_seqs,
+                max_model_len=args.max_model_len)
+    common = dict(mode=mode, prefix_caching=args.prefix_caching, host=args.host, port=args.port,
+                  vllm=args.vllm, extra_args=extra)
+    if args.preset:
+        preset = ServePreset.from_name(args.preset)
+        return ServeOptions.from_preset(preset, **over, **common), preset.name
+    if not args.model:
+        raise ServeError(f"pass --preset NAME ({', '.join(sorted(PRESETS))}) or --model PATH")
+    opts = ServeOptions(model=args.model, **common)
+    for k, v in over.items():
+        if v is not None:
+            setattr(opts, k, v)
+    return opts, args.model
+
+
+def preflight(opts: ServeOptions, *, gpu_check: bool = True) -> str:
+    """Every check that can fail before vLLM starts; returns the device name."""
+    check_vllm_installed(opts.vllm)
+    device = check_gpu() if gpu_check else "unchecked"
+    check_mtp_weights(opts.model)
+    check_port_free(opts.host, opts.port)
+    return device
+
+
+def run(args) -> int:
+    try:
+        opts, _ = options_from_args(args, args.mode)
+        argv, env = build_command(opts)
+        if args.dry_run:
+            print(format_command(argv, env))
+            for k, v in sorted(env.items()):
+                print(f"# env {k}={v}")
+            return 0
+        preflight(opts, gpu_check=not args.no_gpu_check)
+        with VLLMServer(argv, env, opts.base_url, log_path=args.log_file) as srv:
+            srv.wait_healthy(timeout=args.health_timeout)
+            print(f"treewy serve: {opts.mode} server ready at {opts.base_url} (Ctrl-C stops it)", flush=True)
+            try:
+                code = srv.proc.wait()
+            except KeyboardInterrupt:
+                print("treewy serve: stopping", file=sys.stderr)
+                return 130
+            print(f"treewy serve: vLLM exited with code {code}; last log lines:\n{srv.last_log()}", file=sys.stderr)
+            return code or 1
+    except (ServeError, ValueError) as e:
+        print(f"treewy serve: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

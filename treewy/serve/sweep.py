@@ -1,0 +1,340 @@
+"""The serving sweep: workload x load point x mode, one ``vllm bench serve`` run per point, one tidy row each.
+
+Points are grouped by mode (one server start per mode). Each finished point, good or failed, is
+appended to a JSONL checkpoint keyed by (model, k, workload, mode, concurrency, rate) and the
+table (``treewy.schema.serving_frame``) is rewritten after every point, so an interrupted sweep
+resumes where it stopped. A failed point becomes a row with ``error`` set, never a missing row.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from treewy.schema import serving_frame
+from treewy.serve.launcher import ServeError, ServeOptions, VLLMServer, build_command, check_port_free
+from treewy.serve.metrics import MetricsScraper
+
+
+@dataclass(frozen=True)
+class Workload:
+    """How ``vllm bench serve`` generates a workload's requests."""
+
+    dataset: str
+    input_len: int | None = None
+    output_len: int | None = None
+    path_file: str | None = None  # file name under --dataset-dir for datasets read from disk
+
+    def bench_args(self, dataset_dir: str | None) -> list[str]:
+        args = ["--dataset-name", self.dataset]
+        if self.path_file is not None:
+            if not dataset_dir:
+                raise ServeError(f"dataset {self.dataset!r} is read from disk: pass --dataset-dir holding "
+                                 f"{self.path_file}")
+            path = Path(dataset_dir) / self.path_file
+            if not path.is_file():
+                raise ServeError(f"{path} does not exist: put {self.path_file} in --dataset-dir")
+            args += ["--dataset-path", str(path)]
+        if self.dataset == "random":
+            args += ["--random-input-len", str(self.input_len), "--random-output-len", str(self.output_len),
+                     "--ignore-eos"]
+        elif self.dataset == "spec_bench" and self.output_len:
+            args += ["--spec-bench-output-len", str(self.output_len)]
+        elif self.dataset == "sharegpt" and self.output_len:
+            args += ["--sharegpt-output-len", str(self.output_len)]
+        return args
+
+
+WORKLOADS: dict[str, Workload] = {
+    "sharegpt-chat": Workload("sharegpt", path_file="ShareGPT_V3_unfiltered_cleaned_split.json"),
+    "spec-bench": Workload("spec_bench", output_len=256, path_file="question.jsonl"),
+    "balanced-chat": Workload("random", input_len=1024, output_len=1024),
+    "generation-heavy": Workload("random", input_len=256, output_len=2048),
+    "summarize-heavy": Workload("random", input_len=4096, output_len=256),
+    "smoke": Workload("random", input_len=64, output_len=16),
+}
+
+
+@dataclass(frozen=True)
+class Point:
+    workload: str
+    mode: str
+    concurrency: int | None = None
+    request_rate: float | None = None
+
+    def label(self) -> str:
+        load = f"c{self.concurrency}" if self.concurrency is not None else f"r{self.request_rate:g}"
+        return f"{self.workload}-{self.mode}-{load}"
+
+
+@dataclass
+class SweepConfig:
+    server: ServeOptions                  # mode is set per point
+    model_name: str                       # what the table's model column says (preset name or path)
+    workloads: list[str]
+    modes: list[str]
+    concurrencies: list[int] = field(default_factory=list)
+    request_rates: list[float] = field(default_factory=list)
+    num_prompts: int = 200
+    out: Path = Path("serving.parquet")
+    result_dir: Path | None = None
+    dataset_dir: str | None = None
+    device: str = "unknown"
+    health_timeout: float = 1800.0
+    point_timeout: float = 3600.0
+    metrics_interval: float = 0.5
+    retry_failed: bool = False
+    max_restarts: int = 1
+    seed: int = 0
+    echo_server_log: bool = False
+
+    def points(self) -> list[Point]:
+        unknown = [w for w in self.workloads if w not in WORKLOADS]
+        if unknown:
+            raise ServeError(f"unknown workload(s) {unknown}; known: {', '.join(WORKLOADS)}")
+        if not self.concurrencies and not self.request_rates:
+            raise ServeError("give at least one load point: --concurrency 1,8,32 and/or --request-rate 2,8")
+        loads = [(c, None) for c in self.concurrencies] + [(None, r) for r in self.request_rates]
+        return [Point(w, m, c, r) for m in self.modes for w in self.workloads for c, r in loads]
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.out.with_suffix(".points.jsonl")
+
+    def key(self, p: Point) -> str:
+        return json.dumps([self.model_name, self.server.num_speculative_tokens, p.workload, p.mode,
+                           p.concurrency, p.request_rate])
+
+
+def load_checkpoint(path: Path) -> dict[str, dict]:
+    """{key: record} of the points already finished (the last record of a key wins)."""
+    done: dict[str, dict] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by an interruption
+            done[rec["key"]] = rec
+    return done
+
+
+def bench_command(cfg: SweepConfig, p: Point, result_dir: Path, result_name: str) -> list[str]:
+    s = cfg.server
+    argv = [s.vllm, "bench", "serve", "--backend", "openai", "--base-url", s.base_url,
+            "--endpoint", "/v1/completions", "--model", s.served_model_name or s.model,
+            *WORKLOADS[p.workload].bench_args(cfg.dataset_dir),
+            "--num-prompts", str(cfg.num_prompts), "--seed", str(cfg.seed),
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "99",
+            "--save-result", "--result-dir", str(result_dir), "--result-filename", result_name]
+    if p.concurrency is not None:
+        argv += ["--max-concurrency", str(p.concurrency)]
+    if p.request_rate is not None:
+        argv += ["--request-rate", str(p.request_rate)]
+    return argv
+
+
+def _base_row(cfg: SweepConfig, p: Point) -> dict:
+    s = cfg.server
+    return {"model": cfg.model_name, "gpu": cfg.device, "tp": s.tp, "gmu": s.gmu, "workload": p.workload,
+            "mode": p.mode, "tree": str((1,) * s.num_speculative_tokens), "num_drafts": s.num_speculative_tokens,
+            "concurrency": p.concurrency, "request_rate": p.request_rate, "simulated": False,
+            "device": cfg.device, "date": _dt.date.today().isoformat()}
+
+
+def _float(x):
+    return None if x is None else float(x)
+
+
+def row_from_result(cfg: SweepConfig, p: Point, result: dict, metrics) -> dict:
+    row = _base_row(cfg, p)
+    row.update({
+        "completed": result.get("completed"), "failed": result.get("failed"),
+        "output_throughput": _float(result.get("output_throughput")),
+        "request_throughput": _float(result.get("request_throughput")),
+        "mean_ttft_ms": _float(result.get("mean_ttft_ms")), "p99_ttft_ms": _float(result.get("p99_ttft_ms")),
+        "mean_tpot_ms": _float(result.get("mean_tpot_ms")), "mean_e2el_ms": _float(result.get("mean_e2el_ms")),
+        "peak_kv_usage": metrics.peak_kv_usage, "peak_running": metrics.peak_running,
+        "preemptions": metrics.preemptions,
+        "acceptance_length": metrics.acceptance_length if metrics.acceptance_length is not None
+        else _float(result.get("spec_decode_acceptance_length")),
+        "error": None,
+    })
+    if (result.get("completed") or 0) == 0:
+        row["error"] = f"no request completed ({result.get('failed')} failed)"
+    return row
+
+
+def failed_row(cfg: SweepConfig, p: Point, error: str) -> dict:
+    row = _base_row(cfg, p)
+    row.update({"completed": 0, "failed": cfg.num_prompts, "error": error})
+    return row
+
+
+def _run_group(argv: list[str], timeout: float) -> tuple[int, str]:
+    """Run a command in its own process group; kill the group on timeout or Ctrl-C."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return 124, (out or "") + f"\n(timed out after {timeout:.0f} s)"
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+
+
+class Sweep:
+    def __init__(self, cfg: SweepConfig, log: Callable[[str], None] = print):
+        self.cfg, self.log = cfg, log
+        self.result_dir = cfg.result_dir or cfg.out.parent / (cfg.out.stem + "_results")
+        self.done = load_checkpoint(cfg.checkpoint)
+
+    def _record(self, p: Point, row: dict) -> None:
+        rec = {"key": self.cfg.key(p), "point": p.label(), "row": row}
+        self.cfg.out.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.cfg.checkpoint, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.done[rec["key"]] = rec
+        self.write_table()
+
+    def write_table(self):
+        frame = serving_frame([r["row"] for r in self.done.values()])
+        tmp = self.cfg.out.with_suffix(".tmp.parquet")
+        frame.write_parquet(tmp)
+        os.replace(tmp, self.cfg.out)
+        return frame
+
+    def todo(self) -> list[Point]:
+        out = []
+        for p in self.cfg.points():
+            rec = self.done.get(self.cfg.key(p))
+            if rec is None or (self.cfg.retry_failed and rec["row"].get("error")):
+                out.append(p)
+        return out
+
+    def _start(self, mode: str) -> VLLMServer:
+        opts = ServeOptions(**{**self.cfg.server.__dict__, "mode": mode})
+        argv, env = build_command(opts)
+        wait_port_released(opts.host, opts.port)
+        check_port_free(opts.host, opts.port)
+        log_path = self.result_dir / f"server-{mode}.log"
+        srv = VLLMServer(argv, env, opts.base_url, log_path=str(log_path), echo=self.cfg.echo_server_log)
+        srv.start()
+        try:
+            srv.wait_healthy(timeout=self.cfg.health_timeout)
+        except BaseException:
+            srv.stop()
+            raise
+        return srv
+
+    def run_point(self, srv: VLLMServer, p: Point) -> dict:
+        name = p.label() + ".json"
+        result_path = self.result_dir / name
+        result_path.unlink(missing_ok=True)
+        argv = bench_command(self.cfg, p, self.result_dir, name)
+        scraper = MetricsScraper(srv.base_url, interval=self.cfg.metrics_interval).start()
+        try:
+            code, out = _run_group(argv, self.cfg.point_timeout)
+        finally:
+            metrics = scraper.stop()
+        if srv.alive and not srv.healthy():
+            try:  # a server that stopped answering is usually on its way out: let it finish dying
+                srv.proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                pass
+        if not srv.alive:
+            return failed_row(self.cfg, p, f"the vLLM server exited with code {srv.proc.returncode} during this "
+                              f"point; last server log lines: {srv.last_log(5)}")
+        if code != 0 or not result_path.is_file():
+            tail = "\n".join(out.strip().splitlines()[-8:])
+            return failed_row(self.cfg, p, f"vllm bench serve exited with code {code}"
+                              + ("" if result_path.is_file() else " and wrote no result") + f": {tail}")
+        try:
+            result = json.loads(result_path.read_text())
+        except json.JSONDecodeError as e:
+            return failed_row(self.cfg, p, f"unreadable result {result_path}: {e}")
+        return row_from_result(self.cfg, p, result, metrics)
+
+    def run(self, progress: bool = True) -> tuple[int, int]:
+        """Run every point not yet done; returns (points run now, points failed now)."""
+        todo = self.todo()
+        self.result_dir.mkdir(parents=True, exist_ok=True)
+        total = len(self.cfg.points())
+        if not todo:
+            self.log(f"all {total} points already done ({self.cfg.checkpoint}); nothing to run")
+            self.write_table()
+            return 0, 0
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, initial=total - len(todo), desc="bench-serve", unit="point", disable=not progress)
+        ran = failed = 0
+        try:
+            for mode in self.cfg.modes:
+                points = [p for p in todo if p.mode == mode]
+                if not points:
+                    continue
+                srv, restarts, start_error = None, 0, None
+                try:
+                    for p in points:
+                        bar.set_postfix_str(p.label())
+                        if start_error is None and (srv is None or not srv.alive):
+                            if srv is not None:  # it died during the previous point
+                                srv.stop()
+                                srv = None
+                                if restarts >= self.cfg.max_restarts:
+                                    start_error = (f"the {mode} server died {restarts + 1} time(s); not restarting "
+                                                   "it again (fix the cause, then rerun the same command with "
+                                                   "--retry-failed)")
+                                restarts += 1
+                            if start_error is None:
+                                try:
+                                    self.log(f"starting vLLM ({mode}) for {len(points)} point(s)")
+                                    srv = self._start(mode)
+                                except ServeError as e:
+                                    start_error = f"the {mode} server could not start: {e}"
+                        if start_error is not None:
+                            row = failed_row(self.cfg, p, start_error)
+                        else:
+                            row = self.run_point(srv, p)
+                        self._record(p, row)
+                        ran += 1
+                        if row.get("error"):
+                            failed += 1
+                            self.log(f"point {p.label()} failed: {row['error'].splitlines()[0][:300]}")
+                        bar.update(1)
+                finally:
+                    if srv is not None:
+                        srv.stop()
+        finally:
+            bar.close()
+        return ran, failed
+
+
+def wait_port_released(host: str, port: int, timeout: float = 30.0) -> None:
+    """After a server stopped, wait until its port can be bound again."""
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+                return
+            except OSError:
+                time.sleep(0.2)

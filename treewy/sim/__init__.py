@@ -1,0 +1,18 @@
+"""Serving simulator: a vLLM-style scheduler over treewy.memory's paging and a roofline step cost.
+
+    from treewy.sim import simulate
+    df = simulate(model="qwen3.5-35b-a3b", gpu="b200", gmu=0.6, mode="reconstruct",
+                  workload="generation-heavy", concurrency=[1, 8, 32, 64, 128, 256])
+
+Modules: ``workloads`` (length distributions, arrivals), ``cost`` (per-step roofline),
+``scheduler`` (continuous batching, chunked prefill, admission, preemption), ``sweep`` (the
+driver and the ratio table), ``cli`` (``treewy simulate``). Every row it returns is labelled
+``simulated=True, device="simulated"``. See README.md in this folder for the choices made.
+"""
+
+from treewy.sim.sweep import (CONCURRENCIES, PAPER_RATIOS, acceptance_rates, format_ratio_table, ratio_table,
+                              simulate, sweep)
+from treewy.sim.workloads import WORKLOADS
+
+__all__ = ["CONCURRENCIES", "PAPER_RATIOS", "WORKLOADS", "acceptance_rates", "format_ratio_table", "ratio_table",
+           "simulate", "sweep"]

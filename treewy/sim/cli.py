@@ -1,0 +1,62 @@
+"""``treewy simulate``: a simulated serving sweep, printed as DESIGN §4's ratio table."""
+
+from __future__ import annotations
+
+import time
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.replace("(", "").replace(")", "").split(",") if x.strip())
+
+
+def add_arguments(parser) -> None:
+    from treewy.sim.sweep import CONCURRENCIES
+    from treewy.sim.workloads import WORKLOADS
+    parser.add_argument("--model", default="qwen3.5-35b-a3b", help="preset: qwen3.5-35b-a3b, qwen3.5-397b-a17b, "
+                        "qwen3-next-80b-a3b, tiny")
+    parser.add_argument("--gpu", default="b200", help="b200, h200 or h100")
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--gmu", type=float, default=0.6, help="gpu-memory-utilization")
+    parser.add_argument("--tree", type=_ints, default=(1, 1, 1), help="branching factors, e.g. 1,1,1 or 2,2,2")
+    parser.add_argument("--workload", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--concurrency", type=_ints, default=CONCURRENCIES, help="e.g. 1,8,32,64,128,256")
+    parser.add_argument("--state-dtype", default=None, help="GDN state dtype (default: the model's, fp32 for Qwen3.5)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kernels", default="auto", help="kernels_*.json for measured state-cost ratios; "
+                        "'auto' (newest in benchmarks/results) or 'none'")
+    parser.add_argument("--out", default=None, help="write the tidy frame to this parquet file "
+                        "(and the printed table next to it as .txt)")
+
+
+def run(args) -> int:
+    from treewy.memory import paging
+    from treewy.sim.sweep import format_ratio_table, simulate
+
+    kernels = None if str(args.kernels).lower() == "none" else args.kernels
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    df = simulate(args.model, args.gpu, args.tp, args.gmu, mode=["store_all", "reconstruct"], tree=args.tree,
+                  workload=args.workload, concurrency=list(args.concurrency), seed=args.seed,
+                  state_dtype=args.state_dtype, kernels=kernels)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    lines = [format_ratio_table(df, title=f"SIMULATED serving sweep: {args.model}, tp {args.tp}, {args.gpu}, "
+                                          f"gmu {args.gmu}, tree {tuple(args.tree)}, workloads {', '.join(args.workload)}")]
+    lines.append("")
+    for mode in ("store_all", "reconstruct"):
+        s = paging(args.model, args.gpu, tp=args.tp, gmu=args.gmu, mode=mode, tree=args.tree,
+                   state_dtype=args.state_dtype).summary()
+        lines.append(f"{mode:>11}: pool {s['pool_gib']:.1f} GiB = {s['num_blocks']} blocks of {s['block_size']} tokens "
+                     f"x {s['group_size']} layers; state {s['state_blocks_per_request']} blocks/request; "
+                     f"weights {s['weights_gib']:.1f} GiB, reserve {s['reserve_gib']:.1f} GiB, state {s['state_dtype']}")
+    lines.append(f"GDN state cost: {', '.join(sorted(set(df['cost_source'].to_list())))}; "
+                 f"{df.height} points in {wall:.1f} s wall, {cpu:.1f} s CPU")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        from pathlib import Path
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        df.write_parquet(out)
+        out.with_suffix(".txt").write_text(text + "\n")
+        print(f"wrote {out} and {out.with_suffix('.txt')}")
+    return 0

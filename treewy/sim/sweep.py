@@ -1,0 +1,245 @@
+"""The sweep driver: ``simulate(...)`` runs load points and returns the shared serving table."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from treewy.memory import GPU, MODES, ModelSpec, ServerConfig, paging, tree_depth, tree_num_nodes
+from treewy.schema import serving_frame
+from treewy.sim.cost import StepCost, find_kernel_results
+from treewy.sim.scheduler import run
+from treewy.sim.workloads import WORKLOADS, poisson_arrivals, sample_lengths
+
+CONCURRENCIES = (1, 8, 32, 64, 128, 256)
+
+#: Paper, Qwen3.5-35B-A3B on B200, gmu 0.9, spec-bench, greedy: acceptance length per tree shape.
+PAPER_ACCEPTANCE = {(1, 1, 1): 3.23, (2, 1, 1): 3.30, (2, 2, 1): 3.38, (2, 2, 2): 3.38, (3, 2, 2): 3.41,
+                    (3, 3, 2): 3.45, (3, 3, 3): 3.58}
+
+#: Paper's serving table (TreeWY / store-all, geomean over 5 workloads), DESIGN §4.
+PAPER_RATIOS = {
+    "output throughput": (0.94, 1.02, 1.01, 1.00, 1.20, 1.40),
+    "peak KV usage reduction": (2.43, 2.40, 2.45, 2.44, 1.64, 1.04),
+    "p99 TTFT speedup": (1.02, 1.03, 1.02, 1.01, 5.62, 3.97),
+    "TPOT speedup": (0.94, 1.02, 1.00, 0.99, 0.83, 0.60),
+    "peak admitted requests": (1.00, 1.00, 1.00, 1.01, 1.45, 2.50),
+}
+
+
+def rates_for_mean(mean_length: float, depth: int) -> np.ndarray:
+    """Per-depth conditional acceptance rates, all equal to p, with 1 + p + ... + p^depth = mean_length.
+
+    The paper publishes only mean acceptance lengths, so a constant rate per depth is the
+    one-parameter reading of a mean."""
+    if depth == 0:
+        return np.zeros(0)
+    if not 1.0 <= mean_length <= depth + 1:
+        raise ValueError(f"acceptance length {mean_length} is impossible for depth {depth}: "
+                         f"it lies between 1 and {depth + 1}")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(mid**i for i in range(depth + 1)) < mean_length:
+            lo = mid
+        else:
+            hi = mid
+    return np.full(depth, (lo + hi) / 2)
+
+
+def acceptance_rates(tree, acceptance=None) -> tuple[np.ndarray, str]:
+    """Per-depth conditional acceptance rates for a tree, and where they came from.
+
+    acceptance: None (the paper's acceptance length for this shape, or for the chain of the same
+    depth); a float (a mean acceptance length); a sequence of per-depth rates; or a polars frame
+    from an acceptance sweep with an ``acceptance_length`` column (and optionally ``tree``)."""
+    depth = tree_depth(tree)
+    if acceptance is None:
+        key = tuple(tree) if isinstance(tree, (tuple, list)) else None
+        if key in PAPER_ACCEPTANCE:
+            return rates_for_mean(PAPER_ACCEPTANCE[key], depth), f"paper {key}"
+        return rates_for_mean(min(PAPER_ACCEPTANCE[(1, 1, 1)], depth + 1), depth), "paper chain (1, 1, 1)"
+    if isinstance(acceptance, pl.DataFrame):
+        df = acceptance
+        if "acceptance_length" not in df.columns:
+            raise ValueError(f"acceptance frame has columns {df.columns}: it needs 'acceptance_length' "
+                             "(tokens per step), e.g. the acceptance sweep's result")
+        if "tree" in df.columns:
+            sel = df.filter(pl.col("tree") == str(tuple(tree)))
+            df = sel if sel.height else df
+        return rates_for_mean(float(df["acceptance_length"].mean()), depth), "acceptance frame"
+    if isinstance(acceptance, (int, float)) and not isinstance(acceptance, bool):
+        return rates_for_mean(float(acceptance), depth), f"mean {acceptance}"
+    rates = np.asarray(acceptance, dtype=float)
+    if rates.shape != (depth,) or (rates < 0).any() or (rates > 1).any():
+        raise ValueError(f"acceptance = {list(rates)}: expected {depth} per-depth rates in [0, 1] for a tree of "
+                         f"depth {depth}, e.g. {[0.86] * depth}")
+    return rates, "given rates"
+
+
+def _as_list(name, value, allowed=None):
+    items = [value] if isinstance(value, str) else list(value)
+    if allowed is not None:
+        for v in items:
+            if v not in allowed:
+                raise ValueError(f"{name} = {v!r}: expected one of {list(allowed)}")
+    return items
+
+
+def _check_points(concurrency, rate):
+    if (concurrency is None) == (rate is None):
+        raise ValueError("pass exactly one of concurrency=[...] (closed loop) or rate=[...] (Poisson, req/s); "
+                         f"got concurrency={concurrency!r}, rate={rate!r}")
+    vals = concurrency if concurrency is not None else rate
+    name = "concurrency" if concurrency is not None else "rate"
+    vals = [vals] if isinstance(vals, (int, float)) else list(vals)
+    for v in vals:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+        if name == "concurrency":
+            ok = ok and isinstance(v, int)
+        if not ok:
+            what = "positive integers (requests in flight)" if name == "concurrency" else "positive request rates (req/s)"
+            raise ValueError(f"{name} = {v!r}: expected {what}, e.g. {name}={[1, 8, 32] if name == 'concurrency' else [1.0, 4.0]}")
+    return name, vals
+
+
+def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6, mode="store_all", tree=(1, 1, 1),
+             workload="generation-heavy", concurrency=None, rate=None, seed: int = 0, *, num_prompts: int | None = None,
+             state_dtype: str | None = None, acceptance=None, kernels="auto",
+             server: ServerConfig = ServerConfig(), lengths: tuple[Sequence[int], Sequence[int]] | None = None,
+             return_points: bool = False):
+    """Simulate a vLLM-style server; one row per (workload, mode, load point), labelled simulated.
+
+    mode and workload may also be lists (a sweep). kernels: "auto" (use the newest
+    benchmarks/results/kernels_*.json when there is one), a path, or None (analytic only).
+    lengths: explicit (prompt_lens, output_lens) instead of a workload's distribution.
+    """
+    model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
+    gpu = gpu if isinstance(gpu, GPU) else GPU.from_name(gpu)
+    modes = _as_list("mode", mode, MODES)
+    workloads = _as_list("workload", workload, None if lengths is not None else WORKLOADS)
+    kind, points = _check_points(concurrency, rate)
+    if num_prompts is not None and (isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts <= 0):
+        raise ValueError(f"num_prompts = {num_prompts!r}: expected a positive integer (requests per load point)")
+    if lengths is not None:
+        p_in, p_out = (np.asarray(x) for x in lengths)
+        for nm, arr in (("prompt length", p_in), ("output length", p_out)):
+            if arr.size == 0 or (arr <= 0).any() or not np.issubdtype(arr.dtype, np.integer):
+                bad = arr[arr <= 0][:1].tolist() if arr.size else []
+                raise ValueError(f"lengths: every {nm} must be a positive integer number of tokens, got {bad or arr.dtype}; "
+                                 "drop empty requests or pass token counts")
+    kernel_file = find_kernel_results() if kernels == "auto" else (Path(kernels) if kernels else None)
+    rates, acc_source = acceptance_rates(tree, acceptance)
+    accept_cum = np.cumprod(rates)
+    tree_str = str(tuple(tree)) if isinstance(tree, (tuple, list)) else repr(tree)
+    T = tree_num_nodes(tree)
+    layouts = {m: paging(model, gpu, tp=tp, gmu=gmu, mode=m, tree=tree, state_dtype=state_dtype, server=server)
+               for m in modes}
+    costs = {m: StepCost(model, gpu, tp, m, tuple(tree) if isinstance(tree, list) else tree,
+                         layouts[m].state_dtype, kernel_file) for m in modes}
+    today = _dt.date.today().isoformat()
+    rows, raw = [], []
+    for wi, wl in enumerate(workloads):
+        for pi, point in enumerate(points):
+            if num_prompts is not None:
+                n = num_prompts
+            elif lengths is not None:
+                n = len(lengths[0])
+            else:
+                n = max(16, 4 * int(point)) if kind == "concurrency" else 256
+            lrng = np.random.default_rng([seed, wi, pi, 0])
+            if lengths is not None:
+                idx = np.arange(n) % len(p_in)
+                prompt, out = p_in[idx].astype(np.int64), p_out[idx].astype(np.int64)
+            else:
+                prompt, out = sample_lengths(wl, n, lrng)
+            send_times = poisson_arrivals(float(point), n, lrng) if kind == "rate" else None
+            for m in modes:
+                res = run(layouts[m], costs[m], prompt, out, accept_cum=accept_cum,
+                          rng=np.random.default_rng([seed, wi, pi, 1]),
+                          concurrency=int(point) if kind == "concurrency" else None, send_times=send_times, server=server)
+                rows.append(_row(res, model=model.name, gpu=gpu.name, tp=tp, gmu=gmu, workload=wl, mode=m,
+                                 tree=tree_str, num_drafts=T - 1, kind=kind, point=point, date=today,
+                                 cost_source=costs[m].source))
+                raw.append(res)
+    df = serving_frame(rows)
+    return (df, raw) if return_points else df
+
+
+def _row(res, *, kind, point, **labels) -> dict:
+    ok = ~res.failed
+    ttft = (res.t_first - res.t_send)[ok] * 1e3
+    e2el = (res.t_done - res.t_send)[ok] * 1e3
+    multi = ok & (res.output > 1)
+    tpot = ((res.t_done - res.t_first)[multi] / (res.output[multi] - 1)) * 1e3
+    dur = max(res.duration, 1e-12)
+    return {
+        **labels,
+        "concurrency": int(point) if kind == "concurrency" else None,
+        "request_rate": float(point) if kind == "rate" else None,
+        "completed": int(ok.sum()),
+        "failed": int(res.failed.sum()),
+        "output_throughput": float(res.output[ok].sum() / dur),
+        "request_throughput": float(ok.sum() / dur),
+        "mean_ttft_ms": float(ttft.mean()) if ttft.size else None,
+        "p99_ttft_ms": float(np.percentile(ttft, 99)) if ttft.size else None,
+        "mean_tpot_ms": float(tpot.mean()) if tpot.size else None,
+        "mean_e2el_ms": float(e2el.mean()) if e2el.size else None,
+        "peak_kv_usage": res.peak_blocks / res.num_blocks,
+        "peak_running": res.peak_running,
+        "preemptions": res.preemptions,
+        "acceptance_length": res.decode_tokens / res.decode_steps if res.decode_steps else None,
+        "simulated": True,
+        "device": "simulated",
+    }
+
+
+def sweep(model="qwen3.5-35b-a3b", gpu="b200", tp=1, gmu=0.6, tree=(1, 1, 1), concurrency=CONCURRENCIES, seed=0,
+          **kw) -> pl.DataFrame:
+    """All five workloads x both modes x the closed-loop concurrencies."""
+    return simulate(model, gpu, tp, gmu, mode=list(MODES), tree=tree, workload=list(WORKLOADS),
+                    concurrency=list(concurrency), seed=seed, **kw)
+
+
+def ratio_table(df: pl.DataFrame) -> pl.DataFrame:
+    """TreeWY / store-all ratios per concurrency, geomean over workloads (> 1 favours TreeWY)."""
+    key = ["workload", "concurrency"]
+    s = df.filter(pl.col("mode") == "store_all").select(key + ["output_throughput", "peak_kv_usage", "p99_ttft_ms",
+                                                               "mean_tpot_ms", "peak_running"])
+    r = df.filter(pl.col("mode") == "reconstruct").select(key + ["output_throughput", "peak_kv_usage", "p99_ttft_ms",
+                                                                 "mean_tpot_ms", "peak_running"])
+    j = s.join(r, on=key, suffix="_r")
+    j = j.with_columns(
+        (pl.col("output_throughput_r") / pl.col("output_throughput")).alias("output throughput"),
+        (pl.col("peak_kv_usage") / pl.col("peak_kv_usage_r")).alias("peak KV usage reduction"),
+        (pl.col("p99_ttft_ms") / pl.col("p99_ttft_ms_r")).alias("p99 TTFT speedup"),
+        (pl.col("mean_tpot_ms") / pl.col("mean_tpot_ms_r")).alias("TPOT speedup"),
+        (pl.col("peak_running_r") / pl.col("peak_running")).alias("peak admitted requests"),
+    )
+    metrics = list(PAPER_RATIOS)
+    return (j.group_by("concurrency")
+            .agg([pl.col(m).log().mean().exp() for m in metrics])
+            .sort("concurrency"))
+
+
+def format_ratio_table(df: pl.DataFrame, title: str = "") -> str:
+    """The serving table of DESIGN §4, simulated ratios with the paper's beside them in brackets."""
+    table = ratio_table(df)
+    concs = table["concurrency"].to_list()
+    paper_conc = list(CONCURRENCIES)
+    width = 14
+    head = f"| {'concurrency':<26}|" + "".join(f"{c:>{width}} |" for c in concs)
+    lines = [title, "", "simulated TreeWY / store-all, geomean over workloads  [paper, 35B TP1 B200 gmu 0.6]", "",
+             head, "|" + "-" * 27 + "|" + ("-" * (width + 1) + "|") * len(concs)]
+    for m in PAPER_RATIOS:
+        cells = []
+        for c, v in zip(concs, table[m].to_list()):
+            paper = f"[{PAPER_RATIOS[m][paper_conc.index(c)]:.2f}]" if c in paper_conc else ""
+            cells.append(f"{v:6.2f} {paper:>7}".rjust(width) + " |")
+        lines.append(f"| {m:<26}|" + "".join(cells))
+    return "\n".join(lines)
