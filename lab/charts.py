@@ -65,3 +65,41 @@ def blocks_vs_n_chart(costs: pl.DataFrame, title: str = "state blocks per reques
                                    color=alt.Color("mode:N", scale=MODE_COLORS, title=None))
     return (base.mark_line() + base.mark_point(filled=True).encode(tooltip=["shape:N", "N:Q", "mode:N", "blocks:Q"])
             ).properties(width=320, height=200, title=title)
+
+
+SERVING_METRICS = {"peak_kv_usage": "peak KV-pool usage", "peak_running": "admitted requests (peak running)",
+                   "output_throughput": "output throughput (tok/s)", "p99_ttft_ms": "p99 TTFT (ms)"}
+
+
+def serving_curves_chart(curves: pl.DataFrame, knee: int | None, title: str) -> alt.VConcatChart:
+    """Four panels against offered concurrency, one line per (mode, source); the knee as a rule.
+
+    curves: long frame (concurrency, mode, source, metric, value); ``source`` says simulated or measured."""
+    charts = []
+    for metric, label in SERVING_METRICS.items():
+        data = curves.filter(pl.col("metric") == metric)
+        base = alt.Chart(data).encode(
+            x=alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrent requests"),
+            y=alt.Y("value:Q", title=label, scale=alt.Scale(type="log") if metric == "p99_ttft_ms" else alt.Scale()),
+            color=alt.Color("mode:N", scale=MODE_COLORS, title="mode"),
+            strokeDash=alt.StrokeDash("source:N", title="source"),
+            tooltip=["source:N", "mode:N", "concurrency:Q", alt.Tooltip("value:Q", format=",.3g")],
+        )
+        layer = base.mark_line() + base.mark_point(filled=True, size=40)
+        if knee is not None:
+            rule = alt.Chart(pl.DataFrame({"knee": [knee], "label": [f"store-all pool full at {knee}"]}))
+            layer = layer + rule.mark_rule(color="#666", strokeDash=[2, 2]).encode(x="knee:Q", tooltip=["label:N"])
+        charts.append(layer.properties(width=300, height=170))
+    return alt.vconcat(alt.hconcat(*charts[:2]), alt.hconcat(*charts[2:])).properties(title=title)
+
+
+def ratio_chart(ratios: pl.DataFrame, title: str) -> alt.FacetChart:
+    """TreeWY / store-all per metric and concurrency; ``source`` separates ours from the paper's."""
+    line = alt.Chart().mark_line(point=True).encode(
+        x=alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrent requests"),
+        y=alt.Y("ratio:Q", title="TreeWY / store-all (> 1 favours TreeWY)"),
+        color=alt.Color("source:N", title=None), tooltip=["source:N", "metric:N", "concurrency:Q",
+                                                          alt.Tooltip("ratio:Q", format=".2f")])
+    one = alt.Chart().mark_rule(color="#999").encode(y=alt.datum(1.0))
+    return alt.layer(line, one, data=ratios).properties(width=190, height=140).facet(
+        facet=alt.Facet("metric:N", title=None), columns=5).properties(title=title)

@@ -63,3 +63,25 @@ def shape_costs_frame(shapes) -> pl.DataFrame:
             rows.append({"shape": str(widths), "N": tree.num_drafts, "depth": tree.max_depth, "mode": mode,
                          "blocks": tree.state_blocks(mode)})
     return pl.DataFrame(rows)
+
+
+def serving_curves_frame(df: pl.DataFrame, source: str) -> pl.DataFrame:
+    """Long (concurrency, mode, source, metric, value) from a serving table, one workload's points."""
+    from lab.charts import SERVING_METRICS
+
+    return (df.filter(pl.col("concurrency").is_not_null())
+            .select("concurrency", "mode", *SERVING_METRICS)
+            .with_columns(pl.col(m).cast(pl.Float64) for m in SERVING_METRICS)
+            .unpivot(index=["concurrency", "mode"], variable_name="metric", value_name="value")
+            .with_columns(source=pl.lit(source)))
+
+
+def ratios_frame(ratios: pl.DataFrame, source: str) -> pl.DataFrame:
+    """Long (concurrency, metric, ratio, source) from treewy.sim.ratio_table's wide frame."""
+    return ratios.unpivot(index="concurrency", variable_name="metric", value_name="ratio").with_columns(
+        source=pl.lit(source))
+
+
+def paper_ratios_frame(paper: dict[str, tuple[float, ...]], concurrencies) -> pl.DataFrame:
+    return pl.DataFrame([{"concurrency": c, "metric": m, "ratio": v, "source": "paper (B200, measured)"}
+                         for m, vals in paper.items() for c, v in zip(concurrencies, vals)])

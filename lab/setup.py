@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import altair as alt
 import ipywidgets as w
 from IPython.display import display
 
 from treewy.env import describe
+
+#: Where committed benchmark results and `treewy bench-serve` tables live (a source checkout).
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIRS = (REPO / "benchmarks" / "results", REPO / "results")
 
 #: SVG (inspectable in the DOM, crisp when zoomed) and no action menu (its links leave the machine).
 EMBED_OPTIONS = {"renderer": "svg", "actions": False}

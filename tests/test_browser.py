@@ -146,3 +146,22 @@ def test_tree_notebook_slider_redraws_the_tree(jupyterlab, browser_context):
     assert not any("widths (3, 2, 2)" in t for t in texts), "the tree chart kept its old title"
     page.screenshot(path=ARTIFACTS / "02_after.png", full_page=False)
     assert not outside, f"requests left 127.0.0.1: {outside}"
+
+
+def test_serving_notebook_memory_slider_redraws_the_curves(jupyterlab, browser_context):
+    ctx, outside = browser_context
+    page = ctx.new_page()
+    run_all(page, jupyterlab, "05_serving_curves.ipynb")
+    page.get_by_text("store-all pool full from concurrency", exact=False).first.wait_for(timeout=TIMEOUT_MS)
+    before = [t for t in svg_texts(page) if t.startswith("SIMULATED")]
+    assert before and "gmu 0.60" in before[0], before
+    page.locator(".widget-slider", has=page.get_by_text("gpu mem util", exact=True)).first.scroll_into_view_if_needed()
+    page.screenshot(path=ARTIFACTS / "05_before.png", full_page=False)
+    drag_slider(page, "gpu mem util", 0.45)                    # 0.60 -> about 0.90 on a 0.30..0.95 track
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.jp-OutputArea svg text')].some("
+        "e => e.textContent.startsWith('SIMULATED') && !e.textContent.includes('gmu 0.60'))", timeout=TIMEOUT_MS)
+    after = [t for t in svg_texts(page) if t.startswith("SIMULATED")]
+    assert after and "gmu 0.60" not in after[0], after
+    page.screenshot(path=ARTIFACTS / "05_after.png", full_page=False)
+    assert not outside, f"requests left 127.0.0.1: {outside}"

@@ -46,3 +46,28 @@ def test_pseudo_value_panel_follows_the_sliders():
 def test_set_rejects_unknown_controls():
     with pytest.raises(ValueError, match="unknown controls"):
         TreePanel().set(levels=3)
+
+
+def test_serving_panel_follows_memory_and_labels_simulated():
+    from lab.panels import ServingPanel
+
+    p = ServingPanel(concurrency=(8, 128, 256))
+    assert p.error is None
+    sim = p.frames["simulated"]
+    assert sim["simulated"].all() and set(sim["mode"]) == {"store_all", "reconstruct"}
+    title = p.charts["curves"].chart.to_dict()["title"]
+    assert title.startswith("SIMULATED")
+    admitted = lambda: p.frames["simulated"].filter(mode="store_all")["peak_running"].max()  # noqa: E731
+    before = admitted()
+    p.set(gmu=0.9)
+    assert "gmu 0.90" in p.charts["curves"].chart.to_dict()["title"]
+    assert admitted() > before  # more memory admits more store-all requests
+    sources = set(p.frames["ratios"]["source"])
+    assert sources == {"simulated", "paper (B200, measured)"}
+
+
+def test_serving_panel_reports_a_budget_that_cannot_hold_the_weights():
+    from lab.panels import ServingPanel
+
+    p = ServingPanel(concurrency=(8,), model="qwen3.5-397b-a17b", gpu="h100")
+    assert p.error is None and "weights" in p.status.value

@@ -45,3 +45,16 @@ def serving_frame(rows: list[dict]) -> pl.DataFrame:
     if extra:
         raise ValueError(f"unknown serving columns {sorted(extra)}; the schema is treewy.schema.SERVING_SCHEMA")
     return pl.DataFrame([{k: r.get(k) for k in SERVING_SCHEMA} for r in rows], schema=SERVING_SCHEMA)
+
+
+def load_measured(*dirs) -> pl.DataFrame:
+    """Every measured (simulated == False) serving row in the parquet files of the given folders."""
+    from pathlib import Path
+
+    frames = []
+    for d in dirs:
+        for path in sorted(Path(d).glob("*.parquet")) if Path(d).is_dir() else []:
+            df = pl.read_parquet(path)
+            if set(SERVING_SCHEMA) <= set(df.columns):
+                frames.append(df.select(list(SERVING_SCHEMA)).filter(~pl.col("simulated")))
+    return pl.concat(frames) if frames else serving_frame([])

@@ -2,6 +2,7 @@
 
 from lab.panels.environment import EnvironmentPanel
 from lab.panels.pseudo_value import PseudoValuePanel
+from lab.panels.serving import ServingPanel
 from lab.panels.tree import TreePanel
 
-__all__ = ["EnvironmentPanel", "PseudoValuePanel", "TreePanel"]
+__all__ = ["EnvironmentPanel", "PseudoValuePanel", "ServingPanel", "TreePanel"]

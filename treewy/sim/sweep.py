@@ -243,3 +243,10 @@ def format_ratio_table(df: pl.DataFrame, title: str = "") -> str:
             cells.append(f"{v:6.2f} {paper:>7}".rjust(width) + " |")
         lines.append(f"| {m:<26}|" + "".join(cells))
     return "\n".join(lines)
+
+
+def knee(df: pl.DataFrame, mode: str = "store_all", threshold: float = 0.98) -> int | None:
+    """The lowest concurrency at which ``mode``'s KV pool is full (peak usage >= threshold) for any
+    workload: from there on it cannot admit every request in flight. None if it never fills."""
+    full = df.filter((pl.col("mode") == mode) & (pl.col("peak_kv_usage") >= threshold) & pl.col("concurrency").is_not_null())
+    return None if full.is_empty() else int(full["concurrency"].min())

@@ -1,0 +1,105 @@
+"""Notebook 05: the serving simulator behind widgets — where store-all's pool fills and TreeWY keeps admitting."""
+
+from __future__ import annotations
+
+import ipywidgets as w
+import polars as pl
+
+from lab.charts import ratio_chart, serving_curves_chart
+from lab.frames import paper_ratios_frame, ratios_frame, serving_curves_frame
+from lab.panels.base import Panel
+from lab.setup import RESULTS_DIRS
+from treewy.memory import GPU, ModelSpec
+from treewy.schema import load_measured
+from treewy.sim import CONCURRENCIES, PAPER_RATIOS, WORKLOADS, knee, ratio_table, simulate
+from treewy.tree import PAPER_SHAPES
+
+MODELS = ["qwen3.5-35b-a3b", "qwen3.5-397b-a17b", "qwen3-next-80b-a3b"]
+GPUS = ["b200", "h200", "h100"]
+TREES = {str(s): s for s in PAPER_SHAPES} | {f"chain {k}": (1,) * k for k in (1, 2, 4, 5, 6)}
+
+
+class ServingPanel(Panel):
+    title = "Serving simulator (SIMULATED): store-all vs TreeWY reconstruct"
+
+    def __init__(self, measured_dirs=RESULTS_DIRS, concurrency=CONCURRENCIES, **values):
+        super().__init__()
+        self.measured_dirs = measured_dirs
+        self.controls = {
+            "model": w.Dropdown(options=MODELS, value="qwen3.5-35b-a3b", description="model"),
+            "gpu": w.Dropdown(options=GPUS, value="b200", description="GPU"),
+            "tp": w.Dropdown(options=[1, 2, 4, 8], value=1, description="TP"),
+            "gmu": w.FloatSlider(value=0.6, min=0.3, max=0.95, step=0.05, description="gpu mem util",
+                                 continuous_update=False, style={"description_width": "initial"}),
+            "workload": w.Dropdown(options=list(WORKLOADS), value="generation-heavy", description="workload"),
+            "tree": w.Dropdown(options=list(TREES), value="(1, 1, 1)", description="draft tree"),
+            "concurrency": w.SelectionRangeSlider(options=list(concurrency), index=(0, len(concurrency) - 1),
+                                                  description="concurrency", continuous_update=False),
+        }
+        self.run_button = w.Button(description="Run", icon="play", button_style="primary")
+        self.progress = w.IntProgress(min=0, max=1, description="points")
+        self.run_button.on_click(self.refresh)
+        for c in self.controls.values():
+            c.observe(self.refresh, names="value")
+        if values:
+            self.set(**values)  # one refresh per changed control; the cache makes repeats free
+        else:
+            self.refresh()
+
+    def key(self) -> tuple:
+        return tuple(c.value for c in self.controls.values())
+
+    def points(self) -> list[int]:
+        lo, hi = self.controls["concurrency"].value
+        return [c for c in self.controls["concurrency"].options if lo <= c <= hi]
+
+    def _simulate(self) -> pl.DataFrame:
+        v = {k: c.value for k, c in self.controls.items()}
+        points = self.points()
+        self.progress.max, self.progress.value = 2 * len(points), 0
+        frames = []
+        for mode in ("store_all", "reconstruct"):
+            for c in points:
+                self.status.value = f"simulating {mode} at concurrency {c}…"
+                frames.append(simulate(model=v["model"], gpu=v["gpu"], tp=v["tp"], gmu=v["gmu"], mode=mode,
+                                       tree=TREES[v["tree"]], workload=v["workload"], concurrency=[c]))
+                self.progress.value += 1
+        return pl.concat(frames)
+
+    def update(self) -> None:
+        v = {k: c.value for k, c in self.controls.items()}
+        try:  # a configuration that cannot serve (weights do not fit, ...) is an answer, not a crash
+            sim = self.cached(self.key(), self._simulate)
+        except ValueError as e:
+            self.status.value = f"<span style='color:#b00020'>{e}</span>"
+            return
+        self.frames["simulated"] = sim
+        curves = serving_curves_frame(sim, "simulated")
+        measured = load_measured(*self.measured_dirs).filter(
+            (pl.col("workload") == v["workload"]) & (pl.col("failed") == 0) | pl.col("failed").is_null())
+        if not measured.is_empty():
+            for (device, date), part in measured.group_by("device", "date"):
+                curves = pl.concat([curves, serving_curves_frame(part, f"vLLM measured ({device}, {date})")])
+        self.frames["curves"] = curves
+        k = knee(sim)
+        title = (f"SIMULATED · {v['model']} · {v['gpu'].upper()} TP{v['tp']} · gmu {v['gmu']:.2f} · "
+                 f"{v['workload']} · tree {v['tree']}")
+        self.show_chart("curves", serving_curves_chart(curves, k, title))
+        ratios = ratios_frame(ratio_table(sim), "simulated")
+        if v["model"] == "qwen3.5-35b-a3b" and v["gpu"] == "b200" and v["tp"] == 1 and v["tree"] == "(1, 1, 1)":
+            # the paper's ratios are a geomean over five workloads at gmu 0.6: shown for orientation
+            ratios = pl.concat([ratios, paper_ratios_frame(PAPER_RATIOS, CONCURRENCIES)])
+        self.frames["ratios"] = ratios
+        self.show_chart("ratios", ratio_chart(ratios, "TreeWY / store-all (simulated, one workload) vs the paper "
+                                                      "(measured, geomean of five workloads)"))
+        model, gpu = ModelSpec.from_name(v["model"]), GPU.from_name(v["gpu"])
+        admitted = sim.group_by("mode").agg(pl.col("peak_running").max()).sort("mode")
+        self.status.value = (
+            f"simulated {sim.height} points · store-all pool full from concurrency {k if k else '— (never)'} · "
+            f"peak admitted: " + ", ".join(f"{m} {n}" for m, n in admitted.iter_rows())
+            + f" · {model.name} weights {model.weight_bytes(v['tp']) / 2**30:.1f} GiB per GPU on {gpu.name}")
+
+    def layout(self) -> w.Widget:
+        controls = w.HBox([*self.controls.values(), self.run_button, self.progress],
+                          layout=w.Layout(flex_flow="row wrap"))
+        return w.VBox([w.HTML(f"<b>{self.title}</b>"), controls, *self.charts.values(), self.status, self.out])
