@@ -42,6 +42,10 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import torch
+
+from treewy.tree import as_tree
+
 GIB = 1024**3
 MIB = 1024**2
 KIB = 1024
@@ -79,49 +83,23 @@ def _positive(name: str, value, fix: str, *, integer: bool = False, allow_zero: 
 
 
 def tree_num_nodes(tree) -> int:
-    """T = N + 1 of a draft tree given as branching factors (1, 1, 1), a DraftTree or a parent array."""
-    if hasattr(tree, "num_nodes"):
-        return int(tree.num_nodes)
-    if isinstance(tree, (tuple, list)) and all(isinstance(w, int) and not isinstance(w, bool) for w in tree) \
-            and (len(tree) == 0 or tree[0] != -1):
-        total, level = 1, 1
-        for d, w in enumerate(tree):
-            if w < 1:
-                raise ValueError(f"tree[{d}] = {w!r}: branching factors must be positive integers, e.g. (3, 3, 2)")
-            level *= w
-            total += level
-        return total
-    from treewy.tree import as_tree  # parent arrays need the validator (and torch)
+    """T = N + 1 of a draft tree: branching factors (1, 1, 1), a DraftTree or a parent array."""
     return as_tree(tree).num_nodes
 
 
 def tree_depth(tree) -> int:
-    if hasattr(tree, "max_depth"):
-        return int(tree.max_depth)
-    if isinstance(tree, (tuple, list)) and (len(tree) == 0 or tree[0] != -1):
-        return len(tree)
-    from treewy.tree import as_tree
     return as_tree(tree).max_depth
 
 
 def tree_widths(tree) -> tuple[int, ...]:
     """Branching factors per level (for a general tree: the widest fan-out of each level)."""
-    if isinstance(tree, (tuple, list)) and (len(tree) == 0 or tree[0] != -1):
-        return tuple(int(w) for w in tree)
-    from treewy.tree import as_tree
     t = as_tree(tree)
     if t.widths is not None:
         return t.widths
-    depth = t.depth.tolist()
-    par = t.parents.tolist()
-    out = []
-    for d in range(1, t.max_depth + 1):
-        kids: dict[int, int] = {}
-        for node, p in enumerate(par):
-            if depth[node] == d:
-                kids[p] = kids.get(p, 0) + 1
-        out.append(max(kids.values()))
-    return tuple(out)
+    par = t.parents[1:].long()
+    fanout = torch.bincount(par, minlength=t.num_nodes)             # children per node
+    depth = t.depth.long()
+    return tuple(int(fanout[depth == d - 1].max()) for d in range(1, t.max_depth + 1))
 
 
 @dataclass(frozen=True)

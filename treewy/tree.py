@@ -221,10 +221,10 @@ def path_depth(parents: torch.Tensor) -> torch.Tensor:
 
 
 def as_tree(tree) -> DraftTree:
-    """A DraftTree from a DraftTree, a parent array, or branching factors given as a tuple."""
+    """A DraftTree from a DraftTree, branching factors ((3, 3, 2) or [3, 3, 2]) or a parent array
+    (which always starts with -1, so the two cannot be confused)."""
     if isinstance(tree, DraftTree):
         return tree
-    if isinstance(tree, tuple) and all(isinstance(w, int) and not isinstance(w, bool) for w in tree) \
-            and (len(tree) == 0 or tree[0] != -1):
-        return DraftTree.from_widths(tree)
+    if isinstance(tree, (tuple, list)) and (len(tree) == 0 or tree[0] != -1):
+        return DraftTree.from_widths(tuple(tree))
     return DraftTree(tree)
