@@ -4,8 +4,10 @@ Status: parity with ``naive_tree_verify`` (fp64) tested under the Triton 3.9 int
 (fp32; GVA HV = H, 2H, 4H; K, V from 16 to 100; chains, stars, random trees, per-request
 topologies and node counts; fp32 and bf16 state) and on an H200 with Triton 3.6 (fp32 and bf16,
 K = V = 128, B up to 256, the paper's tree shapes). Limits: T <= 128 nodes per request (the
-Gram and mask tiles are BT x BT with BT = next_pow2(T), at least 16); dot products are fp32
-("ieee") by default, so the kernel is compute-bound at large trees. On a machine without CUDA,
+Gram and mask tiles are BT x BT with BT = next_pow2(T), at least 16); dot products in "tf32x3"
+on the GPU (fp32-level error, tensor cores), "ieee" under the interpreter; trees are padded to 16
+rows, and the V-independent work is redone per value tile, so the kernel is far from the
+bandwidth roofline (see benchmarks/results). On a machine without CUDA,
 importing this module sets TRITON_INTERPRET=1 (see treewy/ops/_triton.py).
 
 Grid (V / BV, B * HV): one program per request, value head and value tile. Each program walks
@@ -17,6 +19,8 @@ per value tile.
 """
 
 from __future__ import annotations
+
+import inspect
 
 from treewy.ops import _triton  # noqa: F401  (sets TRITON_INTERPRET before any kernel is defined)
 
@@ -30,16 +34,21 @@ from treewy.ops.checks import check_gdn_kernel_inputs
 #: Largest number of nodes (root + drafts) per request the verify kernel takes.
 MAX_KERNEL_NODES = 128
 
+#: Dot-product precision: "tf32x3" (three tf32 tensor-core passes, fp32-level error; the GPU
+#: default), "ieee" (plain fp32, about 4x slower at these shapes), "tf32" (fast, ~1e-4 error).
+DEFAULT_DOT_PRECISION = "ieee" if INTERPRET else "tf32x3"
+
 
 def _configs():
     if INTERPRET:
         return [triton.Config({"BV": 32, "BK": 32}, num_warps=4)]
     return [triton.Config({"BV": bv, "BK": bk}, num_warps=w, num_stages=s)
-            for bv in (16, 32, 64) for bk in (32, 64) for w in (4, 8) for s in (1, 2)]
+            for bv in (16, 32, 64) for bk in (32,) for w in (4, 8) for s in (1,)]
 
 
 def _prune(configs, named_args, **kwargs):
-    BT, V = named_args["BT"], named_args["V"]
+    args = {**named_args, **kwargs}
+    BT, V = args["BT"], args["V"]
     out = [c for c in configs
            if c.kwargs["BV"] <= max(16, triton.next_power_of_2(V))
            and not (BT >= 64 and c.kwargs["BV"] >= 64)
@@ -47,14 +56,21 @@ def _prune(configs, named_args, **kwargs):
     return out or configs[:1]
 
 
+def _quick_bench(fn, quantiles=None):
+    return triton.testing.do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
+
+
+_AUTOTUNE_EXTRA = {"do_bench": _quick_bench} if "do_bench" in inspect.signature(triton.autotune).parameters else {}
+
+
 @triton.autotune(configs=_configs(), key=["B", "T", "H", "HV", "K", "V", "BT", "USE_QK_L2NORM_IN_KERNEL",
                                           "HAS_NUM_NODES", "DOT_PRECISION"],
-                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune})
-@triton.jit(do_not_specialize=["stride_pb", "stride_hb"])
+                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune}, **_AUTOTUNE_EXTRA)
+@triton.jit(do_not_specialize=["T", "stride_pb", "stride_hb"])
 def tree_verify_kernel(
     q, k, v, g, beta, h0, parents, num_nodes, o, u,
     stride_pb, stride_hb, scale,
-    B: tl.constexpr, T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    B, T, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -68,9 +84,9 @@ def tree_verify_kernel(
     m_v = o_v < V
     if HAS_NUM_NODES:
         n_b = tl.load(num_nodes + i_b)
+        m_t = o_t < n_b
     else:
-        n_b = T
-    m_t = o_t < n_b
+        m_t = o_t < T
 
     # ancestors and path cumsum: walk every node's parent pointers up to the root at once
     p_par = parents + i_b64 * stride_pb
@@ -143,7 +159,7 @@ def tree_verify_kernel(
 
 
 def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, use_qk_l2norm_in_kernel=False,
-                    num_nodes=None, dot_precision="ieee"):
+                    num_nodes=None, dot_precision=None):
     """Launcher: inputs already validated; parents int32 on the inputs' device. Returns (o, u fp32)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -158,7 +174,7 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
         stride_pb, initial_state.stride(0), scale,
         B=B, T=T, H=H, HV=HV, K=K, V=V, BT=max(16, triton.next_power_of_2(T)),
         USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, HAS_NUM_NODES=num_nodes is not None,
-        DOT_PRECISION=dot_precision,
+        DOT_PRECISION=dot_precision or DEFAULT_DOT_PRECISION,
     )
     return o, u
 

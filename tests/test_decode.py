@@ -1,0 +1,151 @@
+"""treewy.decode.generate: tree speculation emits exactly the plain greedy tokens (fp32, CPU), for every
+tree shape and both commit modes; store_all and reconstruct accept the same nodes; state bytes held."""
+
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from treewy.decode import generate  # noqa: E402
+from treewy.models import build, save, tiny_config  # noqa: E402
+from treewy.models.hybrid import spec_of  # noqa: E402
+from treewy.models.train_tiny import SIZES  # noqa: E402
+from treewy.sweep import SHAPES  # noqa: E402
+from treewy.tree import MAX_NODES, DraftTree  # noqa: E402
+
+PROMPTS = [[256] + list(b"def foo(x):\n    return x"), [256] + list(b"import os\n"), [256, 10]]
+NEW = 14
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build(tiny_config(**SIZES["toy"], initializer_range=0.2), seed=3)
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    return generate(model, PROMPTS, max_new_tokens=NEW).tokens
+
+
+class OracleDrafter:
+    """Knows the greedy continuation; puts it under a random child of each on-path node with
+    probability p_hit, and wrong tokens everywhere else, so acceptance stops at varied nodes."""
+
+    name = "oracle"
+
+    def __init__(self, reference, p_hit=0.8, seed=0):
+        self.ref, self.p_hit, self.rng = reference, p_hit, random.Random(seed)
+
+    def begin(self, model, prompts, hidden, roots, capacity=None):
+        self.pos = [0] * len(prompts)  # index of the root in the reference continuation
+
+    def propose(self, tree):
+        B, T = len(self.pos), tree.num_nodes
+        tokens = torch.full((B, T), -1, dtype=torch.long)
+        children = [tree.children(t) for t in range(T)]
+        for b in range(B):
+            ref = self.ref[b]
+            on_path = {0: 0}  # node -> its index in ref
+            tokens[b, 0] = ref[self.pos[b]] if self.pos[b] < len(ref) else 0
+            for t in range(T):
+                ch = children[t]
+                if not ch:
+                    continue
+                wrong = [x for x in range(256) if t not in on_path or on_path[t] + self.pos[b] + 1 >= len(ref)
+                         or x != ref[on_path[t] + self.pos[b] + 1]]
+                picks = self.rng.sample(wrong, len(ch))
+                if t in on_path and on_path[t] + self.pos[b] + 1 < len(ref) and self.rng.random() < self.p_hit:
+                    j = self.rng.randrange(len(ch))
+                    picks[j] = ref[on_path[t] + self.pos[b] + 1]
+                    on_path[ch[j]] = on_path[t] + 1
+                tokens[b, ch] = torch.tensor(picks)
+        return tokens
+
+    def advance(self, emitted, path_hidden):
+        for b, e in enumerate(emitted):
+            self.pos[b] += len(e)
+
+
+def test_plain_greedy_matches_transformers(model, reference):
+    for p, gen in zip(PROMPTS, reference):
+        ids = torch.tensor([p + gen])
+        with torch.no_grad():
+            am = model(ids).logits.argmax(-1)[0]
+        assert am[len(p) - 1:-1].tolist() == gen
+
+
+@pytest.mark.parametrize("widths", SHAPES + [(1,), (1,) * 6], ids=lambda w: "x".join(map(str, w)))
+def test_tree_speculation_is_plain_greedy(model, reference, widths):
+    runs = {}
+    for mode in ("reconstruct", "store_all"):
+        res = generate(model, PROMPTS, drafter=OracleDrafter(reference, seed=len(widths)), tree=widths,
+                       commit=mode, max_new_tokens=NEW)
+        assert res.tokens == reference, mode
+        runs[mode] = [(s.step, s.request, s.accepted) for s in res.steps]
+        assert max(s.length for s in res.steps) > 1  # the oracle made some drafts stick
+    assert runs["reconstruct"] == runs["store_all"]
+
+
+@pytest.mark.parametrize("drafter", ["mtp", "ngram"])
+def test_real_drafters_are_plain_greedy(model, reference, drafter):
+    for widths, mode in (((2, 2, 1), "reconstruct"), ((3, 1), "store_all")):
+        res = generate(model, PROMPTS, drafter=drafter, tree=widths, commit=mode, max_new_tokens=NEW)
+        assert res.tokens == reference
+
+
+def test_gdn_state_bytes_held(model, reference):
+    spec = spec_of(model)
+    block = spec.HV * spec.V * spec.K * 4
+    n_gdn = len(spec.gdn_layers)
+    tree = DraftTree.from_widths((2, 2, 1))
+    for mode, blocks in (("store_all", tree.num_nodes), ("reconstruct", 1)):
+        res = generate(model, PROMPTS, drafter="ngram", tree=tree, commit=mode, max_new_tokens=6)
+        assert {s.gdn_state_bytes for s in res.steps} == {blocks * block * n_gdn}, mode
+        assert blocks == tree.state_blocks(mode)
+    res = generate(model, PROMPTS, drafter="ngram", tree=tree, commit="reconstruct", max_new_tokens=6)
+    assert {s.transient_bytes for s in res.steps} == {tree.num_nodes * spec.HV * spec.V * 4 * n_gdn}
+
+
+def test_requests_finish_at_different_times(model, reference):
+    eos = reference[0][3]
+    res = generate(model, PROMPTS, drafter=OracleDrafter(reference), tree=(2, 2), max_new_tokens=NEW,
+                   eos_token_id=eos)
+    for got, ref in zip(res.tokens, reference):
+        cut = ref.index(eos) + 1 if eos in ref else len(ref)
+        assert got == ref[:cut]
+    assert len(res.tokens[0]) == 4 < len(res.tokens[1]) or eos in reference[1][:4]
+
+
+def test_bad_input_is_a_clear_error(model, tmp_path):
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        generate(model, [[256, 1], []])
+    with pytest.raises(ValueError, match="more than the model's context"):
+        generate(model, [[1] * 510], max_new_tokens=8)
+    with pytest.raises(ValueError, match=f"kernels' limit of {MAX_NODES}"):
+        generate(model, PROMPTS, drafter="ngram", tree=(12, 12))
+    with pytest.raises(ValueError, match="commit"):
+        generate(model, PROMPTS, drafter="ngram", commit="copy")
+    with pytest.raises(ValueError, match="drafter"):
+        generate(model, PROMPTS, drafter="medusa")
+    with pytest.raises(ValueError, match="outside 0..263"):
+        generate(model, [[300]])
+
+
+def test_checkpoint_without_mtp_refuses_the_mtp_drafter(tmp_path):
+    from treewy.models import load
+    save(build(tiny_config(**SIZES["toy"]), mtp=False), tmp_path / "nomtp", dtype=torch.float32)
+    m = load(tmp_path / "nomtp")
+    assert m.mtp is None
+    with pytest.raises(ValueError, match="no.*mtp.*use drafter='ngram'|has none; use drafter='ngram'"):
+        generate(m, PROMPTS, drafter="mtp")
+    assert len(generate(m, PROMPTS[:1], drafter="ngram", tree=(2, 1), max_new_tokens=4).tokens[0]) == 4

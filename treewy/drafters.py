@@ -1,0 +1,229 @@
+"""Tree drafters: propose a token tree of a given topology for every request of a batch.
+
+Protocol (what ``treewy.decode.generate`` calls):
+
+- ``begin(model, prompts, hidden, roots, capacity)``: after prefill. ``hidden[b]`` is the target's hidden
+  states over prompt b ([P_b, hidden], after the final norm); ``roots[b]`` the first generated token;
+  ``capacity`` the most tokens a request's context will reach.
+- ``propose(tree) -> tokens [B, T]``: the token at every node of ``tree`` (a DraftTree) per request;
+  column 0 is the root. -1 marks a node the drafter has nothing for (never accepted).
+- ``advance(emitted, path_hidden)``: after acceptance. ``emitted[b]`` are the tokens request b
+  emitted this step (accepted drafts, then the bonus, which is the next root); ``path_hidden[b]``
+  the target's hidden states at the root..accepted nodes ([len(emitted[b]), hidden]).
+
+Two drafters: ``MTPDrafter`` (Qwen3.5's mtp.* module, level by level, top-w at each level, its own
+KV cache with the tree mask) and ``NgramDrafter`` (prompt lookup; model-free).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from treewy.tree import DraftTree
+
+
+class Drafter(Protocol):
+    name: str
+
+    def begin(self, model, prompts: list[list[int]], hidden: list[torch.Tensor], roots: list[int],
+              capacity: int | None = None) -> None: ...
+
+    def propose(self, tree: DraftTree) -> torch.Tensor: ...
+
+    def advance(self, emitted: list[list[int]], path_hidden: list[torch.Tensor]) -> None: ...
+
+
+def _levels(tree: DraftTree) -> list[list[int]]:
+    depth = tree.depth.tolist()
+    out: list[list[int]] = [[] for _ in range(tree.max_depth + 1)]
+    for t, d in enumerate(depth):
+        out[d].append(t)
+    return out
+
+
+def _children(tree: DraftTree) -> list[list[int]]:
+    ch: list[list[int]] = [[] for _ in range(tree.num_nodes)]
+    for t, p in enumerate(tree.parents.tolist()[1:], start=1):
+        ch[p].append(t)
+    return ch
+
+
+class MTPDrafter:
+    """Drafts with the checkpoint's MTP module: the root's entry gives the level-1 tokens (top-w), each
+    level-d node's entry (its token + its parent's entry output) gives its children's tokens."""
+
+    name = "mtp"
+
+    def __init__(self, model):
+        from treewy.models.hybrid import spec_of
+        from treewy.models.mtp import mtp_of
+        self.mtp = mtp_of(model)
+        if self.mtp is None:
+            where = getattr(model, "treewy_path", "this checkpoint")
+            raise ValueError(f"the MTP drafter needs mtp.* weights, but {where} has none; "
+                             "use drafter='ngram' or a checkpoint with an MTP module")
+        self.spec = spec_of(model)
+
+    def begin(self, model, prompts, hidden, roots, capacity=None):
+        from treewy.models.hybrid import KVCache
+        B = len(prompts)
+        dev = hidden[0].device
+        dec = self.mtp.layers[0].self_attn
+        cap = capacity or max(len(p) for p in prompts) + 4096
+        self.cache = KVCache(B, self.spec.Hkv, cap, dec.head_dim, hidden[0].dtype, dev)
+        # entry at position i + 1 pairs h_i with x_{i+1}; the last one pairs h_{P-1} with the root
+        self.pending = [(hidden[b], list(prompts[b][1:]) + [int(roots[b])]) for b in range(B)]
+        self.next_pos = torch.ones(B, dtype=torch.long, device=dev)  # position of the first pending entry
+        self.roots = torch.tensor([int(r) for r in roots], device=dev)
+
+    @torch.no_grad()
+    def _flush(self):
+        """Commit the pending entries (true target hidden states) into the MTP cache; return the root
+        entries' outputs [B, hidden]."""
+        from treewy.models.mtp import mtp_forward
+        B = len(self.pending)
+        n = torch.tensor([len(t) for _, t in self.pending], device=self.next_pos.device)
+        L = int(n.max())
+        dev = self.next_pos.device
+        D = self.pending[0][0].shape[-1]
+        tok = torch.zeros(B, L, dtype=torch.long, device=dev)
+        hid = torch.zeros(B, L, D, dtype=self.pending[0][0].dtype, device=dev)
+        for b, (h, t) in enumerate(self.pending):
+            tok[b, :len(t)] = torch.tensor(t, device=dev)
+            hid[b, :len(t)] = h[:len(t)]
+        ar = torch.arange(L, device=dev)
+        pos = self.next_pos[:, None] + ar
+        valid = ar[None] < n[:, None]
+        mask = torch.ones(L, L, dtype=torch.bool, device=dev).tril()[None] & valid[:, None, :]
+        mask = mask | torch.eye(L, dtype=torch.bool, device=dev)[None]
+        out, k, v = mtp_forward(self.spec, self.mtp, tok, hid, pos, self.cache.past(), mask)
+        self.cache.append(k, v, ar[None].expand(B, L), n)
+        self.next_pos = self.next_pos + n
+        self.pending = [None] * B
+        return out[torch.arange(B, device=dev), n - 1]
+
+    @torch.no_grad()
+    def propose(self, tree: DraftTree) -> torch.Tensor:
+        from treewy.models.mtp import mtp_forward
+        spec = self.spec
+        B = self.roots.shape[0]
+        dev = self.roots.device
+        T = tree.num_nodes
+        root_out = self._flush()                                          # [B, hidden]
+        tokens = torch.full((B, T), -1, dtype=torch.long, device=dev)
+        tokens[:, 0] = self.roots
+        outs = root_out.new_zeros(B, T, root_out.shape[-1])
+        outs[:, 0] = root_out
+        children = _children(tree)
+        levels = _levels(tree)
+        par = tree.parents.long().tolist()
+        anc = tree.ancestor_mask().to(dev)
+        depth = tree.depth.to(dev).long()
+        root_pos = self.next_pos - 1                                      # the root entry's position
+
+        def fill(nodes, logits):
+            for j, t in enumerate(nodes):
+                ch = children[t]
+                if ch:
+                    top = logits[:, j].topk(len(ch), dim=-1).indices       # [B, w], distinct tokens
+                    tokens[:, ch] = top
+        fill([0], spec.lm_head(root_out)[:, None])
+        for d in range(1, len(levels) - 1):
+            win = [t for lv in levels[1:d + 1] for t in lv]               # every drafted node up to depth d
+            idx = torch.tensor(win, device=dev)
+            hid = outs[:, [par[t] for t in win]]
+            pos = root_pos[:, None] + depth[idx][None]
+            mask = anc[idx][:, idx][None].expand(B, -1, -1)
+            out, _, _ = mtp_forward(spec, self.mtp, tokens[:, idx].clamp(min=0), hid, pos, self.cache.past(), mask)
+            new = [j for j, t in enumerate(win) if depth[t] == d]
+            outs[:, [win[j] for j in new]] = out[:, new]
+            fill([win[j] for j in new], spec.lm_head(out[:, new]))
+        return tokens
+
+    def advance(self, emitted, path_hidden):
+        self.pending = [(path_hidden[b], list(emitted[b])) for b in range(len(emitted))]
+        self.roots = torch.tensor([e[-1] for e in emitted], device=self.roots.device)
+
+
+class NgramDrafter:
+    """Prompt lookup: a node's children are the most frequent continuations of the longest n-gram
+    (n = max_n .. 1) ending at that node that occurred earlier in the request's context."""
+
+    name = "ngram"
+
+    def __init__(self, max_n: int = 4):
+        if max_n < 1:
+            raise ValueError(f"max_n = {max_n}: the n-gram drafter needs max_n >= 1")
+        self.max_n = max_n
+
+    def begin(self, model, prompts, hidden, roots, capacity=None):
+        self.ctx = [list(p) + [int(r)] for p, r in zip(prompts, roots)]
+        self.index = [dict() for _ in prompts]
+        self.indexed = [0] * len(prompts)
+        for b in range(len(prompts)):
+            self._index(b)
+
+    def _index(self, b: int) -> None:
+        ctx, idx = self.ctx[b], self.index[b]
+        for end in range(max(self.indexed[b], 1), len(ctx)):  # continuation ctx[end] of grams ending at end-1
+            for n in range(1, self.max_n + 1):
+                if end - n < 0:
+                    break
+                key = tuple(ctx[end - n:end])
+                nxt = idx.setdefault(key, {})
+                c, _ = nxt.get(ctx[end], (0, 0))
+                nxt[ctx[end]] = (c + 1, end)
+        self.indexed[b] = len(ctx)
+
+    def _candidates(self, b: int, path: list[int]) -> list[int]:
+        seq = self.ctx[b][-self.max_n:] + path
+        for n in range(min(self.max_n, len(seq)), 0, -1):
+            nxt = self.index[b].get(tuple(seq[-n:]))
+            if nxt:
+                return [t for t, _ in sorted(nxt.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))]
+        return []
+
+    def propose(self, tree: DraftTree) -> torch.Tensor:
+        B, T = len(self.ctx), tree.num_nodes
+        children = _children(tree)
+        tokens = torch.full((B, T), -1, dtype=torch.long)
+        for b in range(B):
+            paths: dict[int, list[int] | None] = {0: []}
+            tokens[b, 0] = self.ctx[b][-1]
+            for t in range(T):  # parents come first
+                path = paths.get(t)
+                if path is None or not children[t]:
+                    for c in children[t]:
+                        paths[c] = None
+                    continue
+                cands = self._candidates(b, path)
+                for j, c in enumerate(children[t]):
+                    if j < len(cands):
+                        tokens[b, c] = cands[j]
+                        paths[c] = path + [cands[j]]
+                    else:
+                        paths[c] = None
+        return tokens
+
+    def advance(self, emitted, path_hidden):
+        for b, e in enumerate(emitted):
+            self.ctx[b].extend(int(t) for t in e)
+            self._index(b)
+
+
+def make_drafter(drafter, model) -> Drafter | None:
+    """None, "mtp", "ngram" or a Drafter instance."""
+    if drafter is None or drafter == "none":
+        return None
+    if drafter == "mtp":
+        return MTPDrafter(model)
+    if drafter == "ngram":
+        return NgramDrafter()
+    if isinstance(drafter, str):
+        raise ValueError(f"drafter = {drafter!r}: expected 'mtp', 'ngram', None or a Drafter instance")
+    for m in ("begin", "propose", "advance"):
+        if not callable(getattr(drafter, m, None)):
+            raise ValueError(f"drafter {drafter!r} has no {m}() method; see treewy.drafters.Drafter")
+    return drafter

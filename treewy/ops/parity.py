@@ -1,0 +1,98 @@
+"""Kernel rows of the `treewy check --kernels` parity table: each Triton kernel against its fp64 reference.
+
+On a GPU the kernels run natively (tf32 off); on CPU under the Triton interpreter, so the quick
+set stays small (a few seconds). Errors are relative RMS against the fp64 reference; fp32 rows
+must stay under 1e-5, bf16 rows under twice the error of the same reference run in bf16.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from treewy.testing import random_gdn_inputs, random_tree, rel_err
+from treewy.tree import DraftTree
+
+FP32_TOL = 1e-5
+
+
+def _cases(quick: bool, on_gpu: bool):
+    gen = torch.Generator().manual_seed(0)
+    if on_gpu:
+        cases = [("chain 3", DraftTree.chain(3), 2, 16, 32, 128, 128),
+                 ("(2, 2, 2)", DraftTree.from_widths((2, 2, 2)), 2, 16, 32, 128, 128),
+                 ("(3, 3, 3)", DraftTree.from_widths((3, 3, 3)), 2, 16, 64, 128, 128),
+                 ("random 64", random_tree(64, gen), 2, 4, 16, 60, 100)]
+        return cases if quick else cases + [("chain 7", DraftTree.chain(7), 8, 16, 32, 128, 128)]
+    cases = [("chain 3", DraftTree.chain(3), 2, 2, 4, 16, 16),
+             ("(2, 2, 1)", DraftTree.from_widths((2, 2, 1)), 2, 1, 4, 32, 24)]
+    if not quick:
+        cases += [("(3, 3, 3)", DraftTree.from_widths((3, 3, 3)), 1, 1, 2, 60, 100),
+                  ("random 33", random_tree(33, gen), 2, 2, 4, 32, 24)]
+    return cases
+
+
+def _row(op, shape, dtype, B, T, H, HV, K, V, err, tol):
+    return {"op": op, "shape": shape, "dtype": str(dtype).removeprefix("torch."), "B": B, "T": T, "H": H,
+            "HV": HV, "K": K, "V": V, "err": float(err), "tol": float(tol), "ok": bool(err <= tol)}
+
+
+def kernel_parity_rows(device=None, quick: bool = True) -> list[dict]:
+    """Rows {op, shape, dtype, B, T, H, HV, K, V, err, tol, ok} for verify, commit, store-all and conv."""
+    from treewy.ops import (
+        naive_tree_commit, naive_tree_conv1d, naive_tree_conv1d_commit, naive_tree_recurrent, naive_tree_verify,
+        store_all_verify, tree_commit, tree_conv1d, tree_conv1d_commit, tree_verify,
+    )
+
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    dtypes = (torch.float32, torch.bfloat16) if on_gpu else (torch.float32,)
+    rows = []
+    for shape, tree, B, H, HV, K, V in _cases(quick, on_gpu):
+        T = tree.num_nodes
+        x = random_gdn_inputs(tree, B=B, H=H, HV=HV, K=K, V=V, seed=T, device=device, g_min=-1.0)
+        x.initial_state *= 0.3
+        ro, ru = naive_tree_verify(*x.args())
+        for dt in dtypes:
+            xd = x.to(dtype=dt)
+            xd.initial_state = x.initial_state.float()
+            if dt == torch.float32:
+                tol_o = tol_u = FP32_TOL
+            else:  # twice the error of the reference itself run in bf16 (state kept fp32)
+                bo, bu = naive_tree_verify(*x.to(dtype=dt).args())
+                tol_o, tol_u = 2 * rel_err(bo, ro), 2 * rel_err(bu, ru)
+            o, u = tree_verify(*xd.args())
+            rows.append(_row("tree_verify o", shape, dt, B, T, H, HV, K, V, rel_err(o, ro), tol_o))
+            rows.append(_row("tree_verify u", shape, dt, B, T, H, HV, K, V, rel_err(u, ru), tol_u))
+            if dt != torch.float32:
+                continue
+            worst = 0.0
+            nodes = range(T) if (T <= 16 or not on_gpu) else sorted({0, T // 2, T - 1})
+            for a in nodes:
+                acc = torch.full((B,), a)
+                ref = naive_tree_commit(x.initial_state, ru, x.k, x.g, tree, acc)
+                st = xd.initial_state.clone()
+                tree_commit(st, u, xd.k, xd.g, xd.parents, acc)
+                worst = max(worst, rel_err(st, ref))
+            rows.append(_row("tree_commit", shape, dt, B, T, H, HV, K, V, worst, FP32_TOL))
+            so, states = store_all_verify(*xd.args())
+            rso, rstates = naive_tree_recurrent(*x.args())
+            rows.append(_row("store_all_verify", shape, dt, B, T, H, HV, K, V,
+                             max(rel_err(so, rso), rel_err(states, rstates)), FP32_TOL))
+        C = 3 * HV * 8 if not on_gpu else 2 * H * K + HV * V
+        gen = torch.Generator().manual_seed(T)
+        xc = torch.randn(B, T, C, generator=gen).to(device)
+        w = torch.randn(C, 4, generator=gen).to(device)
+        cs = torch.randn(B, C, 3, generator=gen).to(device)
+        y = tree_conv1d(xc, w, cs, tree)
+        ry = naive_tree_conv1d(xc.double(), w.double(), cs.double(), tree)
+        rows.append(_row("tree_conv1d", shape, torch.float32, B, T, 0, 0, 0, C, rel_err(y, ry), FP32_TOL))
+        worst = 0.0
+        for a in (range(T) if T <= 16 else (0, T - 1)):
+            c2 = cs.clone()
+            tree_conv1d_commit(xc, c2, tree, torch.full((B,), a))
+            worst = max(worst, rel_err(c2, naive_tree_conv1d_commit(xc.double(), cs.double(), tree,
+                                                                    torch.full((B,), a))))
+        rows.append(_row("tree_conv1d_commit", shape, torch.float32, B, T, 0, 0, 0, C, worst, 0.0))
+    return rows

@@ -1,0 +1,111 @@
+"""Store-all tree verify: the baseline today's engines use (a full state snapshot per node).
+
+Status: parity with ``naive_tree_recurrent`` (fp64) tested under the Triton 3.9 interpreter on
+CPU (fp32; GVA; awkward K, V; chains, stars, random trees; fp32 and bf16 state) and on an H200
+with Triton 3.6. Limits: T <= 128; snapshots [B, T, HV, V, K] in the state's dtype (at B = 256,
+T = 40, HV = 32, fp32 that is 21 GB); 64-bit offsets. On a machine without CUDA, importing this
+module sets TRITON_INTERPRET=1.
+
+The kernel is fla-core's fused_recurrent_gated_delta_rule (state_v_first) with one change: node t
+starts from its parent's state. The state tile [BV, K] stays in registers while the tree runs
+down a chain (parent == t - 1); a node whose parent is further back reloads that parent's
+snapshot, which this program wrote itself. Every node writes its snapshot; commit is a select
+(``store_all_commit``). Same launch shape as fla (BV = 8, one warp), so at T = 1 it runs like
+fla's kernel with the final state stored.
+"""
+
+from __future__ import annotations
+
+from treewy.ops import _triton  # noqa: F401  (sets TRITON_INTERPRET before any kernel is defined)
+
+import torch
+import triton
+import triton.language as tl
+
+from treewy.ops._triton import is_capturing
+from treewy.ops.checks import check_accepted, check_gdn_kernel_inputs
+from treewy.ops.tree_verify import MAX_KERNEL_NODES
+
+
+@triton.jit(do_not_specialize=["stride_pb", "stride_hb"])
+def store_all_verify_kernel(
+    q, k, v, g, beta, h0, parents, o, hs,
+    stride_pb, stride_hb, scale,
+    T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
+):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    i_b64 = i_b.to(tl.int64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_h = m_v[:, None] & m_k[None, :]
+    o_h = o_v[:, None] * K + o_k[None, :]
+
+    b_h = tl.load(h0 + i_b64 * stride_hb + i_hv * V * K + o_h, mask=m_h, other=0).to(tl.float32)
+    p_hs = hs + i_b64 * T * HV * V * K + i_hv * V * K
+    p_par = parents + i_b64 * stride_pb
+    for t in range(0, T):
+        i_p = tl.load(p_par + t)
+        if i_p != t - 1:
+            tl.debug_barrier()
+            b_h = tl.load(p_hs + i_p.to(tl.int64) * HV * V * K + o_h, mask=m_h, other=0).to(tl.float32)
+        i_row = i_b64 * T + t
+        b_q = tl.load(q + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_k = tl.load(k + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_v = tl.load(v + (i_row * HV + i_hv) * V + o_v, mask=m_v, other=0).to(tl.float32)
+        if USE_QK_L2NORM_IN_KERNEL:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_q = b_q * scale
+        b_beta = tl.load(beta + i_row * HV + i_hv).to(tl.float32)
+        b_g = tl.load(g + i_row * HV + i_hv).to(tl.float32)
+        b_h *= tl.exp(b_g)
+        b_v = b_beta * (b_v - tl.sum(b_h * b_k[None, :], 1))
+        b_h += b_v[:, None] * b_k[None, :]
+        b_o = tl.sum(b_h * b_q[None, :], 1)
+        tl.store(o + (i_row * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+        tl.store(p_hs + t * HV * V * K + o_h, b_h.to(hs.dtype.element_ty), mask=m_h)
+
+
+def store_all_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale,
+                         use_qk_l2norm_in_kernel=False, states=None):
+    """Launcher: inputs already validated. ``states`` may be a preallocated [B, T, HV, V, K] buffer."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    BK = triton.next_power_of_2(K)
+    BV = min(8, triton.next_power_of_2(V))
+    o = torch.empty_like(v)
+    if states is None:
+        states = initial_state.new_empty(B, T, HV, V, K)
+    grid = (triton.cdiv(V, BV), B * HV)
+    store_all_verify_kernel[grid](
+        q, k, v, g, beta, initial_state, parents, o, states, stride_pb, initial_state.stride(0), scale,
+        T=T, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
+        num_warps=1, num_stages=3,
+    )
+    return o, states
+
+
+def store_all_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2norm_in_kernel=False):
+    """Every node advances its parent's state and keeps a snapshot (kernel twin of ``naive_tree_recurrent``).
+
+    Returns o [B, T, HV, V] in v's dtype and states [B, T, HV, V, K] in initial_state's dtype.
+    """
+    dims, par, stride_pb, _ = check_gdn_kernel_inputs(q, k, v, g, beta, initial_state, parents,
+                                                      max_nodes=MAX_KERNEL_NODES, values=not is_capturing())
+    scale = dims.K ** -0.5 if scale is None else float(scale)
+    return store_all_verify_fwd(q, k, v, g, beta, initial_state, par, stride_pb, scale, use_qk_l2norm_in_kernel)
+
+
+def store_all_commit(state, states, accepted):
+    """Store-all commit: copy each request's accepted snapshot into ``state`` [B, HV, V, K] (in place)."""
+    B, T = states.shape[:2]
+    if tuple(state.shape) != (B, *states.shape[2:]):
+        raise ValueError(f"state has shape {tuple(state.shape)}, expected [B, HV, V, K] = "
+                         f"{[B, *states.shape[2:]]} to match states {tuple(states.shape)}")
+    a = accepted if is_capturing() else check_accepted(accepted, B, T, states.device)
+    state.copy_(states[torch.arange(B, device=states.device), a.long()])
+    return state

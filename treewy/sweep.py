@@ -1,0 +1,170 @@
+"""Acceptance sweep: real greedy tree speculation over held-out prompts, one row per
+(drafter, tree shape, commit mode). ``treewy sweep`` is the CLI; ``sweep()`` the function behind it.
+
+Columns: model, drafter, kind (tree | chain | none), shape, N (drafts), T, depth, mode, state_blocks
+(GDN state blocks per request per layer the mode holds), requests, steps, tokens, acceptance
+(mean tokens per step) with a 95 % interval (normal, over per-request means), accept_ge_d1..d6
+(fraction of steps that accepted at least d drafts), gdn_state_bytes (measured per request, all
+GDN layers), transient_bytes, step_ms / draft_ms (means over steps after the first), dtype,
+backend, device, date, paper_acceptance (DESIGN.md section 4, trees only).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import platform
+
+import torch
+
+from treewy.tree import DraftTree
+
+SHAPES = [(1, 1, 1), (2, 1, 1), (2, 2, 1), (2, 2, 2), (3, 2, 2), (3, 3, 2), (3, 3, 3)]
+CHAINS = [1, 2, 3, 4, 5, 6]
+MODES = ("reconstruct", "store_all")
+#: Acceptance length per step from the TreeWY paper (Qwen3.5-35B-A3B, spec-bench, greedy, MTP).
+PAPER_ACCEPTANCE = {(1, 1, 1): 3.23, (2, 1, 1): 3.30, (2, 2, 1): 3.38, (2, 2, 2): 3.38, (3, 2, 2): 3.41,
+                    (3, 3, 2): 3.45, (3, 3, 3): 3.58}
+MAX_DEPTH_COLS = 6
+
+
+def device_name(device) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.machine()})"
+
+
+def summarize(result, *, drafter: str, kind: str, widths: tuple, mode: str, model_name: str, dtype: str,
+              backend: str, device: str) -> dict:
+    """One sweep row from a GenerateResult."""
+    steps = result.steps
+    lengths = [s.length for s in steps]
+    per_req: dict[int, list[int]] = {}
+    for s in steps:
+        per_req.setdefault(s.request, []).append(s.length)
+    means = [sum(v) / len(v) for v in per_req.values()]
+    mean = sum(lengths) / max(1, len(lengths))
+    if len(means) > 1:
+        mu = sum(means) / len(means)
+        sd = math.sqrt(sum((m - mu) ** 2 for m in means) / (len(means) - 1))
+        half = 1.96 * sd / math.sqrt(len(means))
+    elif len(lengths) > 1:
+        sd = math.sqrt(sum((x - mean) ** 2 for x in lengths) / (len(lengths) - 1))
+        half = 1.96 * sd / math.sqrt(len(lengths))
+    else:
+        half = float("nan")
+    tree = DraftTree.from_widths(widths) if widths else DraftTree([-1])
+    by_step: dict[int, float] = {}
+    draft: dict[int, float] = {}
+    for s in steps:
+        by_step[s.step], draft[s.step] = s.step_ms, s.draft_ms
+    later = [v for k, v in sorted(by_step.items()) if k > 0] or list(by_step.values())
+    later_d = [v for k, v in sorted(draft.items()) if k > 0] or list(draft.values())
+    row = dict(
+        model=model_name, drafter=drafter, kind=kind, shape=str(tuple(widths)) if widths else "()",
+        N=tree.num_drafts, T=tree.num_nodes, depth=len(widths), mode=mode,
+        state_blocks=tree.state_blocks(mode) if mode in MODES else 1,
+        requests=len(per_req), steps=len(steps), tokens=sum(lengths),
+        acceptance=mean, acceptance_lo=mean - half, acceptance_hi=mean + half,
+    )
+    for d in range(1, MAX_DEPTH_COLS + 1):
+        row[f"accept_ge_d{d}"] = (sum(1 for x in lengths if x - 1 >= d) / len(lengths)
+                                  if d <= len(widths) and lengths else None)
+    row.update(
+        gdn_state_bytes=max((s.gdn_state_bytes for s in steps), default=0),
+        transient_bytes=max((s.transient_bytes for s in steps), default=0),
+        step_ms=sum(later) / max(1, len(later)), step_ms_median=sorted(later)[len(later) // 2] if later else None,
+        draft_ms=sum(later_d) / max(1, len(later_d)),
+        dtype=dtype, backend=backend, device=device, date=datetime.date.today().isoformat(),
+        paper_acceptance=PAPER_ACCEPTANCE.get(tuple(widths)) if kind == "tree" else None,
+    )
+    return row
+
+
+def sweep(model, prompts, drafters=("mtp", "ngram"), shapes=SHAPES, chains=CHAINS, modes=MODES,
+          max_new_tokens: int = 64, model_name: str = "tiny", backend: str = "auto", baseline: bool = True,
+          progress: bool = True, deadline: float | None = None):
+    """A tidy polars frame, one row per (drafter, shape, mode) plus a plain-decoding baseline row."""
+    import time
+
+    import polars as pl
+    from tqdm import tqdm
+
+    from treewy.decode import generate
+    from treewy.drafters import make_drafter
+    from treewy.models.hybrid import get_ops
+
+    param = next(model.parameters())
+    dev = device_name(param.device)
+    dtype = str(param.dtype).removeprefix("torch.")
+    backend_name = get_ops(param.device, backend).name
+    for dname in drafters:
+        make_drafter(dname, model)  # fail fast (e.g. no MTP weights)
+    jobs = [("none", "none", (), "none")] if baseline else []
+    for dname in drafters:
+        for kind, widths in [("tree", tuple(s)) for s in shapes] + [("chain", (1,) * k) for k in chains]:
+            for mode in modes:
+                jobs.append((dname, kind, widths, mode))
+    rows = []
+    for dname, kind, widths, mode in tqdm(jobs, desc="sweep", disable=not progress):
+        if deadline is not None and time.time() > deadline:
+            break
+        res = generate(model, prompts, drafter=None if dname == "none" else dname, tree=widths or (1,),
+                       commit=None if mode == "none" else mode, max_new_tokens=max_new_tokens, backend=backend)
+        rows.append(summarize(res, drafter=dname, kind=kind, widths=widths, mode=mode, model_name=model_name,
+                              dtype=dtype, backend=backend_name, device=dev))
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def _parse_shapes(text: str) -> list[tuple[int, ...]]:
+    if not text:
+        return []
+    try:
+        return [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part.strip()]
+    except ValueError as e:
+        raise ValueError(f"--shapes {text!r}: write branching factors as '1,1,1;2,2,1'") from e
+
+
+def _parse_chains(text: str) -> list[int]:
+    if not text:
+        return []
+    if "-" in text:
+        lo, hi = text.split("-")
+        return list(range(int(lo), int(hi) + 1))
+    return [int(x) for x in text.split(",")]
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default="tiny", help="'tiny' or a Qwen3.5 / Qwen3-Next checkpoint directory")
+    p.add_argument("--drafters", default="mtp,ngram", help="comma-separated: mtp, ngram")
+    p.add_argument("--shapes", default=";".join(",".join(map(str, s)) for s in SHAPES),
+                   help="tree shapes as branching factors, ';'-separated (default: the paper's seven)")
+    p.add_argument("--chains", default="1-6", help="chain lengths, e.g. 1-6 or 1,3 ('' for none)")
+    p.add_argument("--modes", default="reconstruct", help="reconstruct,store_all (acceptance is identical; store_all adds its state bytes and step time)")
+    p.add_argument("--prompts", type=int, default=4, help="number of held-out prompts (the batch size)")
+    p.add_argument("--prompt-len", type=int, default=96)
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the frame to this .parquet file")
+
+
+def run(args) -> int:
+    from treewy.models import load
+    from treewy.models.corpus import heldout_prompts
+    model = load(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+    prompts = heldout_prompts(args.prompts, args.prompt_len, seed=args.seed)
+    df = sweep(model, prompts, drafters=[d for d in args.drafters.split(",") if d],
+               shapes=_parse_shapes(args.shapes), chains=_parse_chains(args.chains),
+               modes=[m for m in args.modes.split(",") if m], max_new_tokens=args.max_new_tokens,
+               model_name=str(args.model), backend=args.backend)
+    with __import__("polars").Config(tbl_rows=100, tbl_cols=12):
+        print(df.select("drafter", "shape", "N", "mode", "state_blocks", "acceptance", "acceptance_lo",
+                        "acceptance_hi", "gdn_state_bytes", "step_ms"))
+    if args.out:
+        df.write_parquet(args.out)
+        print(f"wrote {args.out}")
+    return 0
