@@ -103,3 +103,32 @@ def ratio_chart(ratios: pl.DataFrame, title: str) -> alt.FacetChart:
     one = alt.Chart().mark_rule(color="#999").encode(y=alt.datum(1.0))
     return alt.layer(line, one, data=ratios).properties(width=190, height=140).facet(
         facet=alt.Facet("metric:N", title=None), columns=5).properties(title=title)
+
+
+PROVIDER_COLORS = alt.Scale(domain=["treewy", "store_all", "fla"], range=["#1b9e77", "#d95f02", "#7570b3"])
+
+
+def node_errors_chart(errors: pl.DataFrame, title: str) -> alt.LayerChart:
+    """Relative error per node (log scale) against its tolerance."""
+    base = alt.Chart(errors).encode(x=alt.X("node:O", title="node"))
+    points = base.mark_point(filled=True).encode(
+        y=alt.Y("error:Q", scale=alt.Scale(type="log"), title="relative RMS error vs fp64"),
+        color=alt.Color("quantity:N", title=None),
+        tooltip=["node:O", "depth:Q", "quantity:N", alt.Tooltip("error:Q", format=".2e")])
+    tol = base.mark_tick(color="#b00020", thickness=1).encode(y="tol:Q", tooltip=[alt.Tooltip("tol:Q", format=".1e")])
+    return (points + tol).properties(width=min(640, max(220, 16 * errors["node"].n_unique())), height=200,
+                                     title=title)
+
+
+def kernel_timing_chart(results: pl.DataFrame, title: str) -> alt.LayerChart:
+    """Microseconds per provider and tree (ordered by nodes), with the roofline as a dashed line."""
+    order = results.sort("num_nodes")["tree"].unique(maintain_order=True).to_list()
+    x = alt.X("tree:N", sort=order, title="draft tree")
+    bars = alt.Chart(results).mark_point(filled=True, size=60).encode(
+        x=x, y=alt.Y("us:Q", scale=alt.Scale(type="log"), title="µs per layer step"),
+        color=alt.Color("provider:N", scale=PROVIDER_COLORS),
+        tooltip=["provider:N", "tree:N", "B:Q", alt.Tooltip("us:Q", format=",.1f"), alt.Tooltip("gbps:Q", format=",.0f"),
+                 alt.Tooltip("roofline_us:Q", format=",.1f"), "fits:N"])
+    roof = alt.Chart(results.filter(pl.col("provider") == "treewy")).mark_line(color="#444", strokeDash=[3, 3]).encode(
+        x=x, y="roofline_us:Q", tooltip=[alt.Tooltip("roofline_us:Q", format=",.1f", title="roofline µs")])
+    return (roof + bars).properties(width=520, height=240, title=title)

@@ -85,3 +85,21 @@ def ratios_frame(ratios: pl.DataFrame, source: str) -> pl.DataFrame:
 def paper_ratios_frame(paper: dict[str, tuple[float, ...]], concurrencies) -> pl.DataFrame:
     return pl.DataFrame([{"concurrency": c, "metric": m, "ratio": v, "source": "paper (B200, measured)"}
                          for m, vals in paper.items() for c, v in zip(concurrencies, vals)])
+
+
+def node_errors_frame(rows: list[dict]) -> pl.DataFrame:
+    """Long (node, depth, quantity, error, tol) from treewy.ops.parity.node_errors rows."""
+    df = pl.DataFrame(rows)
+    return pl.concat([
+        df.select("node", "depth", quantity=pl.lit("output o_t"), error="o_err", tol="o_tol"),
+        df.select("node", "depth", quantity=pl.lit("committed state S_t"), error="state_err", tol="state_tol"),
+    ])
+
+
+def kernel_results_frame(path) -> pl.DataFrame:
+    """A kernels_<device>_<date>.json benchmark as a frame, each row labelled with its device and date."""
+    import json
+
+    data = json.loads(open(path).read())
+    df = pl.DataFrame(data["rows"], infer_schema_length=None).filter(pl.col("us").is_not_null())
+    return df.with_columns(source=pl.lit(f"{data['device']}, {data['date']} (measured)"))

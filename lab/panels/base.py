@@ -66,10 +66,12 @@ class Panel:
             self.charts[name] = alt.JupyterChart(chart, embed_options=EMBED_OPTIONS)
 
     def layout(self) -> w.Widget:
+        """Title, controls (with the Run button and progress bar of panels that have them), charts, status, Output."""
         header = [w.HTML(f"<b>{self.title}</b>")] if self.title else []
-        return w.VBox([*header, w.HBox(list(self.controls.values()), layout=w.Layout(flex_flow="row wrap")),
-                       w.HBox(list(self.charts.values()), layout=w.Layout(flex_flow="row wrap")),
-                       self.status, self.out])
+        extras = [x for x in (getattr(self, "run_button", None), getattr(self, "progress", None)) if x is not None]
+        wrap = w.Layout(flex_flow="row wrap")
+        return w.VBox([*header, w.HBox([*self.controls.values(), *extras], layout=wrap),
+                       w.HBox(list(self.charts.values()), layout=wrap), self.status, self.out])
 
     def _ipython_display_(self):
         display(self.layout())

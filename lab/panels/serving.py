@@ -98,8 +98,3 @@ class ServingPanel(Panel):
             f"simulated {sim.height} points · store-all pool full from concurrency {k if k else '— (never)'} · "
             f"peak admitted: " + ", ".join(f"{m} {n}" for m, n in admitted.iter_rows())
             + f" · {model.name} weights {model.weight_bytes(v['tp']) / 2**30:.1f} GiB per GPU on {gpu.name}")
-
-    def layout(self) -> w.Widget:
-        controls = w.HBox([*self.controls.values(), self.run_button, self.progress],
-                          layout=w.Layout(flex_flow="row wrap"))
-        return w.VBox([w.HTML(f"<b>{self.title}</b>"), controls, *self.charts.values(), self.status, self.out])

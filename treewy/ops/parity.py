@@ -96,3 +96,29 @@ def kernel_parity_rows(device=None, quick: bool = True) -> list[dict]:
                                                                     torch.full((B,), a))))
         rows.append(_row("tree_conv1d_commit", shape, torch.float32, B, T, 0, 0, 0, C, worst, 0.0))
     return rows
+
+
+def node_errors(tree: DraftTree, B: int = 2, H: int = 2, HV: int = 4, K: int = 16, V: int = 16, *,
+                dtype=torch.float32, device=None, seed: int = 0) -> list[dict]:
+    """Per node: the kernels' output error and the error of the state committed at that node, each
+    relative RMS against the fp64 recurrence (the store-all truth), with the tolerance that applies."""
+    from treewy.ops import naive_tree_recurrent, tree_commit, tree_verify
+
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    x = random_gdn_inputs(tree, B=B, H=H, HV=HV, K=K, V=V, seed=seed, device=device, g_min=-1.0)
+    ro, rstates = naive_tree_recurrent(*x.args())
+    xd = x.to(dtype=dtype)
+    xd.initial_state = x.initial_state.float()
+    low = None if dtype == torch.float32 else naive_tree_recurrent(*x.to(dtype=dtype).args())  # the reference in bf16
+    o, u = tree_verify(*xd.args())
+    depth = tree.depth.tolist()
+    rows = []
+    for a in range(tree.num_nodes):
+        st = xd.initial_state.clone()
+        tree_commit(st, u, xd.k, xd.g, xd.parents, torch.full((B,), a, device=device))
+        rows.append({"node": a, "depth": depth[a], "o_err": rel_err(o[:, a], ro[:, a]),
+                     "state_err": rel_err(st, rstates[:, a]),
+                     # fp32: the issue's 1e-5; bf16: twice the error of the reference itself run in bf16
+                     "o_tol": FP32_TOL if low is None else 2 * rel_err(low[0][:, a], ro[:, a]),
+                     "state_tol": FP32_TOL if low is None else 2 * rel_err(low[1][:, a], rstates[:, a])})
+    return rows
