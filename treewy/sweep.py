@@ -17,14 +17,13 @@ import platform
 
 import torch
 
+from treewy.paper import ACCEPTANCE
+from treewy.paper import SHAPES as PAPER_SHAPES  # noqa: N811
 from treewy.tree import DraftTree
 
-SHAPES = [(1, 1, 1), (2, 1, 1), (2, 2, 1), (2, 2, 2), (3, 2, 2), (3, 3, 2), (3, 3, 3)]
+SHAPES = list(PAPER_SHAPES)
 CHAINS = [1, 2, 3, 4, 5, 6]
 MODES = ("reconstruct", "store_all")
-#: Acceptance length per step from the TreeWY paper (Qwen3.5-35B-A3B, spec-bench, greedy, MTP).
-PAPER_ACCEPTANCE = {(1, 1, 1): 3.23, (2, 1, 1): 3.30, (2, 2, 1): 3.38, (2, 2, 2): 3.38, (3, 2, 2): 3.41,
-                    (3, 3, 2): 3.45, (3, 3, 3): 3.58}
 MAX_DEPTH_COLS = 6
 
 
@@ -77,7 +76,7 @@ def summarize(result, *, drafter: str, kind: str, widths: tuple, mode: str, mode
         step_ms=sum(later) / max(1, len(later)), step_ms_median=sorted(later)[len(later) // 2] if later else None,
         draft_ms=sum(later_d) / max(1, len(later_d)),
         dtype=dtype, backend=backend, device=device, date=datetime.date.today().isoformat(),
-        paper_acceptance=PAPER_ACCEPTANCE.get(tuple(widths)) if kind == "tree" else None,
+        paper_acceptance=ACCEPTANCE.get(tuple(widths)) if kind == "tree" else None,
     )
     return row
 

@@ -17,9 +17,6 @@ MAX_NODES = 128
 
 STATE_MODES = ("store_all", "reconstruct")
 
-#: The tree shapes of the TreeWY paper's width sweep (DESIGN.md section 4), N = 3 ... 39.
-PAPER_SHAPES = ((1, 1, 1), (2, 1, 1), (2, 2, 1), (2, 2, 2), (3, 2, 2), (3, 3, 2), (3, 3, 3))
-
 
 def _first_bad_node(parents: torch.Tensor) -> tuple[int, int, int, str] | None:
     """Return (request, node, parent, reason) of the first malformed node of a [B, T] parent array."""

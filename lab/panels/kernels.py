@@ -10,9 +10,10 @@ from lab.charts import kernel_timing_chart, node_errors_chart
 from lab.frames import node_errors_frame
 from lab.panels.base import Panel
 from treewy.ops.parity import node_errors
-from treewy.tree import PAPER_SHAPES, DraftTree
+from treewy.paper import SHAPES
+from treewy.tree import DraftTree
 
-TREES = {f"chain {k}": (1,) * k for k in (1, 3, 7)} | {str(s): s for s in PAPER_SHAPES[1:]}
+TREES = {f"chain {k}": (1,) * k for k in (1, 3, 7)} | {str(s): s for s in SHAPES[1:]}
 
 
 def _tree(name: str) -> DraftTree:

@@ -11,12 +11,12 @@ from lab.panels.base import Panel
 from lab.setup import RESULTS_DIRS
 from treewy.memory import GPU, ModelSpec
 from treewy.schema import load_measured
-from treewy.sim import CONCURRENCIES, PAPER_RATIOS, WORKLOADS, knee, ratio_table, simulate
-from treewy.tree import PAPER_SHAPES
+from treewy.paper import SERVING_RATIOS, SHAPES
+from treewy.sim import CONCURRENCIES, WORKLOADS, knee, ratio_table, simulate
 
 MODELS = ["qwen3.5-35b-a3b", "qwen3.5-397b-a17b", "qwen3-next-80b-a3b"]
 GPUS = ["b200", "h200", "h100"]
-TREES = {str(s): s for s in PAPER_SHAPES} | {f"chain {k}": (1,) * k for k in (1, 2, 4, 5, 6)}
+TREES = {str(s): s for s in SHAPES} | {f"chain {k}": (1,) * k for k in (1, 2, 4, 5, 6)}
 
 
 class ServingPanel(Panel):
@@ -88,7 +88,7 @@ class ServingPanel(Panel):
         ratios = ratios_frame(ratio_table(sim), "simulated")
         if v["model"] == "qwen3.5-35b-a3b" and v["gpu"] == "b200" and v["tp"] == 1 and v["tree"] == "(1, 1, 1)":
             # the paper's ratios are a geomean over five workloads at gmu 0.6: shown for orientation
-            ratios = pl.concat([ratios, paper_ratios_frame(PAPER_RATIOS, CONCURRENCIES)])
+            ratios = pl.concat([ratios, paper_ratios_frame(SERVING_RATIOS, CONCURRENCIES)])
         self.frames["ratios"] = ratios
         self.show_chart("ratios", ratio_chart(ratios, "TreeWY / store-all (simulated, one workload) vs the paper "
                                                       "(measured, geomean of five workloads)"))

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from treewy.ops.store_all import store_all_verify_fwd
 from treewy.ops.tree_commit import tree_commit_fwd
 from treewy.ops.tree_verify import DEFAULT_DOT_PRECISION, tree_verify_fwd
-from treewy.tree import PAPER_SHAPES, DraftTree
+from treewy.paper import SHAPES
+from treewy.tree import DraftTree
 
 COPY_BW = 4.27e12  # bytes/s, device-to-device copy (read + write) measured on the H200
 MODELS = {"35B-A3B": dict(H=16, HV=32, K=128, V=128, layers=30),
@@ -24,7 +25,7 @@ MODELS = {"35B-A3B": dict(H=16, HV=32, K=128, V=128, layers=30),
 
 def trees():
     """(name, tree): T = 1, chains k = 1..7 and the paper's tree shapes beyond the depth-3 chain."""
-    return [((), DraftTree.chain(0))] + [((1,) * k, DraftTree.chain(k)) for k in range(1, 8)] + [(w, DraftTree.from_widths(w)) for w in PAPER_SHAPES[1:]]
+    return [((), DraftTree.chain(0))] + [((1,) * k, DraftTree.chain(k)) for k in range(1, 8)] + [(w, DraftTree.from_widths(w)) for w in SHAPES[1:]]
 
 
 def make(B, T, H, HV, K, V, state_dtype):

@@ -10,9 +10,9 @@ driver and the ratio table), ``cli`` (``treewy simulate``). Every row it returns
 ``simulated=True, device="simulated"``. See README.md in this folder for the choices made.
 """
 
-from treewy.sim.sweep import (CONCURRENCIES, PAPER_RATIOS, acceptance_rates, format_ratio_table, knee,
+from treewy.sim.sweep import (CONCURRENCIES, acceptance_rates, format_ratio_table, knee,
                               ratio_table, simulate, sweep)
 from treewy.sim.workloads import WORKLOADS
 
-__all__ = ["CONCURRENCIES", "PAPER_RATIOS", "WORKLOADS", "acceptance_rates", "format_ratio_table", "knee", "ratio_table",
+__all__ = ["CONCURRENCIES", "WORKLOADS", "acceptance_rates", "format_ratio_table", "knee", "ratio_table",
            "simulate", "sweep"]

@@ -10,27 +10,12 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from treewy.paper import ACCEPTANCE, CONCURRENCIES, SERVING_RATIOS
 from treewy.memory import GPU, MODES, ModelSpec, ServerConfig, paging, tree_depth, tree_num_nodes
 from treewy.schema import serving_frame
 from treewy.sim.cost import StepCost, find_kernel_results
 from treewy.sim.scheduler import run
 from treewy.sim.workloads import WORKLOADS, poisson_arrivals, sample_lengths
-
-CONCURRENCIES = (1, 8, 32, 64, 128, 256)
-
-#: Paper, Qwen3.5-35B-A3B on B200, gmu 0.9, spec-bench, greedy: acceptance length per tree shape.
-PAPER_ACCEPTANCE = {(1, 1, 1): 3.23, (2, 1, 1): 3.30, (2, 2, 1): 3.38, (2, 2, 2): 3.38, (3, 2, 2): 3.41,
-                    (3, 3, 2): 3.45, (3, 3, 3): 3.58}
-
-#: Paper's serving table (TreeWY / store-all, geomean over 5 workloads), DESIGN §4.
-PAPER_RATIOS = {
-    "output throughput": (0.94, 1.02, 1.01, 1.00, 1.20, 1.40),
-    "peak KV usage reduction": (2.43, 2.40, 2.45, 2.44, 1.64, 1.04),
-    "p99 TTFT speedup": (1.02, 1.03, 1.02, 1.01, 5.62, 3.97),
-    "TPOT speedup": (0.94, 1.02, 1.00, 0.99, 0.83, 0.60),
-    "peak admitted requests": (1.00, 1.00, 1.00, 1.01, 1.45, 2.50),
-}
-
 
 def rates_for_mean(mean_length: float, depth: int) -> np.ndarray:
     """Per-depth conditional acceptance rates, all equal to p, with 1 + p + ... + p^depth = mean_length.
@@ -61,9 +46,9 @@ def acceptance_rates(tree, acceptance=None) -> tuple[np.ndarray, str]:
     depth = tree_depth(tree)
     if acceptance is None:
         key = tuple(tree) if isinstance(tree, (tuple, list)) else None
-        if key in PAPER_ACCEPTANCE:
-            return rates_for_mean(PAPER_ACCEPTANCE[key], depth), f"paper {key}"
-        return rates_for_mean(min(PAPER_ACCEPTANCE[(1, 1, 1)], depth + 1), depth), "paper chain (1, 1, 1)"
+        if key in ACCEPTANCE:
+            return rates_for_mean(ACCEPTANCE[key], depth), f"paper {key}"
+        return rates_for_mean(min(ACCEPTANCE[(1, 1, 1)], depth + 1), depth), "paper chain (1, 1, 1)"
     if isinstance(acceptance, pl.DataFrame):
         df = acceptance
         if "acceptance_length" not in df.columns:
@@ -221,7 +206,7 @@ def ratio_table(df: pl.DataFrame) -> pl.DataFrame:
         (pl.col("mean_tpot_ms") / pl.col("mean_tpot_ms_r")).alias("TPOT speedup"),
         (pl.col("peak_running_r") / pl.col("peak_running")).alias("peak admitted requests"),
     )
-    metrics = list(PAPER_RATIOS)
+    metrics = list(SERVING_RATIOS)
     return (j.group_by("concurrency")
             .agg([pl.col(m).log().mean().exp() for m in metrics])
             .sort("concurrency"))
@@ -236,10 +221,10 @@ def format_ratio_table(df: pl.DataFrame, title: str = "") -> str:
     head = f"| {'concurrency':<26}|" + "".join(f"{c:>{width}} |" for c in concs)
     lines = [title, "", "simulated TreeWY / store-all, geomean over workloads  [paper, 35B TP1 B200 gmu 0.6]", "",
              head, "|" + "-" * 27 + "|" + ("-" * (width + 1) + "|") * len(concs)]
-    for m in PAPER_RATIOS:
+    for m in SERVING_RATIOS:
         cells = []
         for c, v in zip(concs, table[m].to_list()):
-            paper = f"[{PAPER_RATIOS[m][paper_conc.index(c)]:.2f}]" if c in paper_conc else ""
+            paper = f"[{SERVING_RATIOS[m][paper_conc.index(c)]:.2f}]" if c in paper_conc else ""
             cells.append(f"{v:6.2f} {paper:>7}".rjust(width) + " |")
         lines.append(f"| {m:<26}|" + "".join(cells))
     return "\n".join(lines)
