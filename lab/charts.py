@@ -132,3 +132,16 @@ def kernel_timing_chart(results: pl.DataFrame, title: str) -> alt.LayerChart:
     roof = alt.Chart(results.filter(pl.col("provider") == "treewy")).mark_line(color="#444", strokeDash=[3, 3]).encode(
         x=x, y="roofline_us:Q", tooltip=[alt.Tooltip("roofline_us:Q", format=",.1f", title="roofline µs")])
     return (roof + bars).properties(width=520, height=240, title=title)
+
+
+def acceptance_chart(acc: pl.DataFrame, title: str) -> alt.LayerChart:
+    """Acceptance length per step against draft nodes N, one colour per source, 95 % intervals as rules."""
+    base = alt.Chart(acc).encode(x=alt.X("N:Q", title="draft nodes N"), color=alt.Color("source:N", title=None))
+    points = base.mark_point(filled=True, size=60).encode(
+        y=alt.Y("acceptance:Q", title="tokens per step (acceptance length)", scale=alt.Scale(zero=False)),
+        shape=alt.Shape("kind:N", title=None),
+        tooltip=["source:N", "drafter:N", "shape:N", "N:Q", alt.Tooltip("acceptance:Q", format=".2f"),
+                 alt.Tooltip("acceptance_lo:Q", format=".2f"), alt.Tooltip("acceptance_hi:Q", format=".2f")])
+    lines = base.mark_line(opacity=0.5).encode(y="acceptance:Q", detail="kind:N")
+    bars = base.mark_rule().encode(y="acceptance_lo:Q", y2="acceptance_hi:Q")
+    return (lines + bars + points).properties(width=380, height=240, title=title)

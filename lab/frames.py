@@ -103,3 +103,21 @@ def kernel_results_frame(path) -> pl.DataFrame:
     data = json.loads(open(path).read())
     df = pl.DataFrame(data["rows"], infer_schema_length=None).filter(pl.col("us").is_not_null())
     return df.with_columns(source=pl.lit(f"{data['device']}, {data['date']} (measured)"))
+
+
+def acceptance_frame(sweep: pl.DataFrame, source: str) -> pl.DataFrame:
+    """(drafter, kind, shape, N, acceptance, acceptance_lo, acceptance_hi, source) from a treewy.sweep frame,
+    one row per shape (the commit modes accept the same nodes, so reconstruct rows stand for both)."""
+    spec = sweep.filter(pl.col("drafter") != "none")
+    if "reconstruct" in spec["mode"].to_list():
+        spec = spec.filter(pl.col("mode") == "reconstruct")
+    return spec.select("drafter", "kind", "shape", "N", "acceptance", "acceptance_lo", "acceptance_hi",
+                       source=pl.lit(source))
+
+
+def paper_acceptance_frame(acceptance: dict) -> pl.DataFrame:
+    rows = [{"drafter": "mtp", "kind": "tree", "shape": str(s), "N": DraftTree.from_widths(s).num_drafts, "acceptance": a,
+             "acceptance_lo": None, "acceptance_hi": None, "source": "paper: Qwen3.5-35B-A3B, B200 (measured)"}
+            for s, a in acceptance.items()]
+    return pl.DataFrame(rows, schema_overrides={"acceptance_lo": pl.Float64, "acceptance_hi": pl.Float64})
+

@@ -71,3 +71,44 @@ def test_serving_panel_reports_a_budget_that_cannot_hold_the_weights():
 
     p = ServingPanel(concurrency=(8,), model="qwen3.5-397b-a17b", gpu="h100")
     assert p.error is None and "weights" in p.status.value
+
+
+def test_parity_panel_reports_every_node_within_tolerance():
+    from lab.panels import ParityPanel
+
+    p = ParityPanel(tree="chain 3", batch=1, gva=4)
+    errors = p.frames["errors"]
+    assert sorted(errors["node"].unique().to_list()) == [0, 1, 2, 3]
+    assert (errors["error"] <= errors["tol"]).all() and (errors["error"] > 0).all()
+    p.set(tree="(2, 1, 1)")
+    assert p.frames["errors"]["node"].n_unique() == 4       # controls take effect on Run only
+    p.run_button.click()
+    assert p.frames["errors"]["node"].n_unique() == 7
+    assert "PASS" in p.status.value
+
+
+def test_timing_panel_says_it_needs_a_gpu():
+    import torch
+
+    from lab.panels import TimingPanel
+
+    p = TimingPanel()
+    if not torch.cuda.is_available():
+        assert p.run_button.disabled and "need a CUDA GPU" in p.status.value
+
+
+def test_sweep_panel_runs_live_and_overlays_its_sources():
+    from lab.panels import SweepPanel
+
+    p = SweepPanel(largest=6, chains=(1, 1), prompts=1, tokens=8)
+    live = p.frames["live"]
+    assert set(live["mode"]) == {"reconstruct", "store_all"}
+    assert sorted(live["N"].unique().to_list()) == [1, 3, 6]
+    blocks = {(r["N"], r["mode"]): r["blocks"] for r in p.frames["blocks"].iter_rows(named=True)}
+    assert blocks[(6, "store_all")] == 7 and blocks[(6, "reconstruct")] == 1
+    sources = set(p.frames["acceptance"]["source"])
+    assert any(s.endswith("(live)") for s in sources) and any(s.startswith("paper") for s in sources)
+    assert "the same tokens per step" in p.status.value
+    p.set(drafter="ngram")
+    p.run_button.click()
+    assert not any(s.startswith("paper") for s in p.frames["acceptance"]["source"])  # the paper drafts with MTP
