@@ -221,7 +221,7 @@ def main(argv=None):
         if "o_err" in r:
             key = r["dtype"]
             worst[key] = max(worst.get(key, 0.0), r["o_err"], r["u_err"], r["state_err"])
-    log(f"worst relative RMS error over the sweep: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
+    log("worst relative RMS error over the sweep: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()))
     log(f"{'PASS' if ok else 'FAIL'} ({len(rows)} rows) in {time.time() - t0:.0f} s")
     logf.close()
     (args.out / "parity.json").write_text(json.dumps(dict(device=dev, date=str(datetime.date.today()),

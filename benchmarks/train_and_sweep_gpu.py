@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     from treewy.decode import generate
     from treewy.models import load
     from treewy.models.corpus import heldout_prompts
-    from treewy.models.hybrid import get_ops
+    from treewy.models.backends import get_ops
     from treewy.sweep import CHAINS, SHAPES, sweep
     summary["transformers"] = transformers.__version__
 

@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 from treewy.decode import generate  # noqa: E402
 from treewy.models import build, save, tiny_config  # noqa: E402
-from treewy.models.hybrid import spec_of  # noqa: E402
+from treewy.models.spec import spec_of  # noqa: E402
 from treewy.models.train_tiny import SIZES  # noqa: E402
 from treewy.sweep import SHAPES  # noqa: E402
 from treewy.tree import MAX_NODES, DraftTree  # noqa: E402
@@ -19,12 +19,7 @@ PROMPTS = [[256] + list(b"def foo(x):\n    return x"), [256] + list(b"import os\
 NEW = 14
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # decoding on a shared 2-core CPU
 
 
 @pytest.fixture(scope="module")

@@ -8,18 +8,15 @@ pytest.importorskip("transformers")
 
 from treewy.drafters import MTPDrafter, NgramDrafter  # noqa: E402
 from treewy.models import build, tiny_config  # noqa: E402
-from treewy.models.hybrid import HybridCache, prefill, spec_of  # noqa: E402
+from treewy.models.hybrid import prefill  # noqa: E402
+from treewy.models.cache import HybridCache  # noqa: E402
+from treewy.models.spec import spec_of  # noqa: E402
 from treewy.models.mtp import mtp_forward  # noqa: E402
 from treewy.models.train_tiny import SIZES  # noqa: E402
 from treewy.tree import DraftTree  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # decoding on a shared 2-core CPU
 
 
 def test_ngram_tree_follows_the_context():

@@ -9,7 +9,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from treewy.models import TINY_DIR, build, load, save, tiny_config  # noqa: E402
-from treewy.models.hybrid import chunk_gdn_torch, forward_sequence, spec_of  # noqa: E402
+from treewy.models.hybrid import forward_sequence  # noqa: E402
+from treewy.models.layers import chunk_gdn_torch  # noqa: E402
+from treewy.models.spec import spec_of  # noqa: E402
 from treewy.ops.naive import naive_tree_recurrent  # noqa: E402
 from treewy.tree import DraftTree  # noqa: E402
 
@@ -18,12 +20,7 @@ SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_atte
              linear_value_head_dim=16, max_position_embeddings=160, initializer_range=0.2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: threads only contend on a shared CPU
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matrices: threads only contend
 
 
 @pytest.fixture(scope="module")

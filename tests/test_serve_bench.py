@@ -3,7 +3,6 @@ launcher, /metrics scraper, tidy table, resume after an interruption, and a serv
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 

@@ -8,19 +8,14 @@ pl = pytest.importorskip("polars")
 
 from treewy.cli import main as cli_main  # noqa: E402
 from treewy.models import build, save, tiny_config  # noqa: E402
-from treewy.models.hybrid import spec_of  # noqa: E402
+from treewy.models.spec import spec_of  # noqa: E402
 from treewy.models.train_tiny import SIZES  # noqa: E402
 from treewy.sweep import sweep  # noqa: E402
 
 PROMPTS = [[256] + list(b"x = x + 1\nx = x + 1\nx = x"), [256] + list(b"import os\nimport sys\nimport")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # decoding on a shared 2-core CPU
 
 
 @pytest.fixture(scope="module")

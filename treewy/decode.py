@@ -90,7 +90,10 @@ def generate(model, prompts, drafter=None, tree=(3, 3, 3), commit="reconstruct",
     request) or "store_all" (N + 1 snapshots); backend: "auto" | "torch" | "triton" for the GDN ops.
     """
     from treewy.drafters import make_drafter
-    from treewy.models.hybrid import HybridCache, commit as commit_window, get_ops, prefill, spec_of, verify
+    from treewy.models.hybrid import commit as commit_window, prefill, verify
+    from treewy.models.cache import HybridCache
+    from treewy.models.backends import get_ops
+    from treewy.models.spec import spec_of
 
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens = {max_new_tokens!r}: expected a positive integer")

@@ -57,7 +57,7 @@ class MTPDrafter:
     name = "mtp"
 
     def __init__(self, model):
-        from treewy.models.hybrid import spec_of
+        from treewy.models.spec import spec_of
         from treewy.models.mtp import mtp_of
         self.mtp = mtp_of(model)
         if self.mtp is None:
@@ -67,7 +67,7 @@ class MTPDrafter:
         self.spec = spec_of(model)
 
     def begin(self, model, prompts, hidden, roots, capacity=None):
-        from treewy.models.hybrid import KVCache
+        from treewy.models.cache import KVCache
         B = len(prompts)
         dev = hidden[0].device
         dec = self.mtp.layers[0].self_attn

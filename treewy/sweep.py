@@ -92,7 +92,7 @@ def sweep(model, prompts, drafters=("mtp", "ngram"), shapes=SHAPES, chains=CHAIN
 
     from treewy.decode import generate
     from treewy.drafters import make_drafter
-    from treewy.models.hybrid import get_ops
+    from treewy.models.backends import get_ops
 
     param = next(model.parameters())
     dev = device_name(param.device)

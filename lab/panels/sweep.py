@@ -77,7 +77,7 @@ class SweepPanel(Panel):
         v = {k: c.value for k, c in self.controls.items()}
         live = self.cached(tuple(v.values()), lambda: self._sweep(v))
         self.frames["live"] = live
-        device, date = live["device"][0], live["date"][0]
+        device = live["device"][0]
         acc = acceptance_frame(live, f"tiny, {device}, now (live)")
         committed = self._committed()
         if not committed.is_empty():

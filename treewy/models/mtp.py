@@ -13,7 +13,8 @@ import copy
 import torch
 from torch import nn
 
-from treewy.models.hybrid import HybridSpec, _attn_window, _mlp, rope
+from treewy.models.spec import HybridSpec
+from treewy.models.layers import attn_window, mlp, rope
 
 
 class MTP(nn.Module):
@@ -46,7 +47,7 @@ def mtp_forward(spec: HybridSpec, mtp: MTP, tokens: torch.Tensor, hidden: torch.
     dec = mtp.layers[layer]
     cos, sin = rope(spec, x, positions)
     r = x
-    a, k, v = _attn_window(dec.self_attn, dec.input_layernorm(x), cos, sin, past, win_mask)
+    a, k, v = attn_window(dec.self_attn, dec.input_layernorm(x), cos, sin, past, win_mask)
     x = r + a
-    x = x + _mlp(dec, dec.post_attention_layernorm(x))
+    x = x + mlp(dec, dec.post_attention_layernorm(x))
     return mtp.norm(x), k, v

@@ -108,7 +108,8 @@ def main(argv=None) -> int:
 
     from treewy.models import build, save, tiny_config
     from treewy.models.corpus import corpus_ids, stdlib_files
-    from treewy.models.hybrid import _fla_chunk, spec_of
+    from treewy.models.layers import fla_chunk
+    from treewy.models.spec import spec_of
 
     ap = argparse.ArgumentParser(prog="python -m treewy.models.train_tiny", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="checkpoint directory (default: treewy/models/tiny)")
@@ -127,6 +128,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import transformers
+
     from treewy.models import TINY_DIR
     out = Path(args.out) if args.out else TINY_DIR
     device = torch.device(args.device)
@@ -141,7 +143,7 @@ def main(argv=None) -> int:
     mtp = model.mtp
     use_fla = None
     autocast = device.type == "cuda"
-    if device.type == "cuda" and _fla_chunk() is not None:
+    if device.type == "cuda" and fla_chunk() is not None:
         try:  # fla's chunk kernel, if it compiles here; else the torch closed form
             w = _windows(train, 2, args.seq + 1, torch.Generator().manual_seed(0)).long().to(device)
             with torch.autocast("cuda", dtype=torch.bfloat16):

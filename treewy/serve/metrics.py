@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
