@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 
@@ -40,16 +40,14 @@ def check_tensor(name: str, x, device: torch.device | None = None) -> torch.Tens
     return x
 
 
-def check_gdn_inputs(q, k, v, g, beta, initial_state, parents, *, finite: bool = True):
-    """Validate the verify inputs (layouts of DESIGN.md section 3) and return (dims, parents [B, T] int64).
+def gdn_dims(q, k, v, g, beta, initial_state) -> GDNDims:
+    """Check the tensors, their device and the layouts of DESIGN.md section 3; return the dims.
 
-    q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]; initial_state [B, HV, V, K];
-    parents a DraftTree, [T] or [B, T].
+    q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]; initial_state [B, HV, V, K].
     """
     q = check_tensor("q", q)
-    dev = q.device
     for name, x in (("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state)):
-        check_tensor(name, x, dev)
+        check_tensor(name, x, q.device)
     if q.ndim != 4:
         raise ValueError(f"q has shape {tuple(q.shape)}, expected 4 dims [B, T, H, K]")
     B, T, H, K = q.shape
@@ -63,25 +61,60 @@ def check_gdn_inputs(q, k, v, g, beta, initial_state, parents, *, finite: bool =
     _shape("g", g, (B, T, HV), "[B, T, HV] log decay per node and value head")
     _shape("beta", beta, (B, T, HV), "[B, T, HV] write strength per node and value head")
     _shape("initial_state", initial_state, (B, HV, V, K), "[B, HV, V, K], value dim first")
+    return GDNDims(B, T, H, HV, K, V)
+
+
+def check_gdn_values(q, k, v, g, beta, initial_state) -> None:
+    """No NaN or infinity anywhere; g a log decay (<= 0); beta in [0, 1]. Syncs with the host."""
+    check_finite(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
+    if bool((g > 0).any()):
+        raise ValueError(f"g has {int((g > 0).sum())} positive entries; g is a log decay and must be "
+                         "<= 0 (e.g. -exp(A_log) * softplus(a + dt_bias))")
+    if bool(((beta < 0) | (beta > 1)).any()):
+        raise ValueError("beta must lie in [0, 1] (a sigmoid output); got values from "
+                         f"{float(beta.min()):.3g} to {float(beta.max()):.3g}")
+
+
+def check_gdn_inputs(q, k, v, g, beta, initial_state, parents, *, finite: bool = True):
+    """Validate the verify inputs of the references and return (dims, parents [B, T] int64).
+
+    parents: a DraftTree, [T] or [B, T]. ``finite`` also checks the values (check_gdn_values).
+    """
+    dims = gdn_dims(q, k, v, g, beta, initial_state)
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state)):
         if not x.is_floating_point():
             raise ValueError(f"{name} has dtype {x.dtype}; expected a floating dtype (bf16, fp32 or fp64)")
     par = validate_parents(parents)
     if par.ndim == 1:
-        par = par.expand(B, -1)
-    if par.shape != (B, T):
+        par = par.expand(dims.B, -1)
+    if par.shape != (dims.B, dims.T):
         raise ValueError(f"parents describe {par.shape[-1]} nodes"
-                         + ("" if par.shape[0] == B else f" for {par.shape[0]} requests")
-                         + f", but the inputs have B = {B} requests of T = {T} nodes")
+                         + ("" if par.shape[0] == dims.B else f" for {par.shape[0]} requests")
+                         + f", but the inputs have B = {dims.B} requests of T = {dims.T} nodes")
     if finite:
-        check_finite(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
-        if bool((g > 0).any()):
-            raise ValueError(f"g has {int((g > 0).sum())} positive entries; g is a log decay and must be "
-                             "<= 0 (e.g. -exp(A_log) * softplus(a + dt_bias))")
-        if bool(((beta < 0) | (beta > 1)).any()):
-            raise ValueError("beta must lie in [0, 1] (a sigmoid output); got values from "
-                             f"{float(beta.min()):.3g} to {float(beta.max()):.3g}")
-    return GDNDims(B, T, H, HV, K, V), par.to(dev)
+        check_gdn_values(q, k, v, g, beta, initial_state)
+    return dims, par.to(q.device)
+
+
+def conv_dims(x, conv_state, weight=None) -> tuple[int, int, int, int]:
+    """(B, T, C, W) of a tree conv: x [B, T, C], conv_state [B, C, W - 1], weight [C, W] (if given)."""
+    x = check_tensor("x", x)
+    check_tensor("conv_state", conv_state, x.device)
+    if x.ndim != 3 or conv_state.ndim != 3:
+        raise ValueError(f"x has shape {tuple(x.shape)} and conv_state {tuple(conv_state.shape)}; expected "
+                         "[B, T, C] and [B, C, W - 1]")
+    B, T, C = x.shape
+    W = conv_state.shape[-1] + 1
+    if weight is not None:
+        check_tensor("weight", weight, x.device)
+        if weight.ndim != 2 or weight.shape[0] != C:
+            raise ValueError(f"weight has shape {tuple(weight.shape)}, expected [C, W] = [{C}, W] "
+                             "(a depthwise nn.Conv1d weight [C, 1, W] squeezed on dim 1)")
+        W = weight.shape[1]
+    if tuple(conv_state.shape) != (B, C, W - 1):
+        raise ValueError(f"conv_state has shape {tuple(conv_state.shape)}, expected [B, C, W - 1] = "
+                         f"[{B}, {C}, {W - 1}]")
+    return B, T, C, W
 
 
 def check_accepted(accepted, B: int, T: int, device) -> torch.Tensor:
@@ -97,12 +130,7 @@ def check_accepted(accepted, B: int, T: int, device) -> torch.Tensor:
     return a.long()
 
 
-def parents_of(parents) -> torch.Tensor:
-    """The parent tensor of a DraftTree or a parent array, validated."""
-    return parents.parents.long() if isinstance(parents, DraftTree) else validate_parents(parents)
-
-
-# ---- checks for the Triton kernels (metadata only: they never sync the host) ----
+# Checks for the Triton kernels: metadata only, so they never sync the host.
 
 KERNEL_FLOAT_DTYPES = (torch.bfloat16, torch.float32)
 STATE_DTYPES = (torch.float32, torch.bfloat16)
@@ -207,24 +235,9 @@ def check_gdn_kernel_inputs(q, k, v, g, beta, initial_state, parents, num_nodes=
     also checks the topology, finiteness and the ranges of g and beta (host syncs): the kernels
     pass ``values=False`` while a CUDA graph is being captured.
     """
-    q = check_tensor("q", q)
-    for name, x in (("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state)):
-        check_tensor(name, x, q.device)
+    B, T, H, HV, K, V = astuple(gdn_dims(q, k, v, g, beta, initial_state))
     named = (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state))
     check_kernel_device(*named)
-    if q.ndim != 4 or v.ndim != 4:
-        raise ValueError(f"q has shape {tuple(q.shape)} and v {tuple(v.shape)}; expected [B, T, H, K] and "
-                         "[B, T, HV, V]")
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    _shape("k", k, (B, T, H, K), "[B, T, H, K] like q")
-    _shape("v", v, (B, T, HV, V), "[B, T, HV, V]")
-    if HV % H != 0:
-        raise ValueError(f"v has HV = {HV} value heads, not a multiple of the H = {H} key heads of q/k "
-                         "(GVA needs HV = H * r)")
-    _shape("g", g, (B, T, HV), "[B, T, HV] log decay per node and value head")
-    _shape("beta", beta, (B, T, HV), "[B, T, HV] write strength per node and value head")
-    _shape("initial_state", initial_state, (B, HV, V, K), "[B, HV, V, K], value dim first")
     for name, x in named[:5]:
         check_kernel_dtype(name, x, KERNEL_FLOAT_DTYPES)
         check_contiguous(name, x)
@@ -232,7 +245,7 @@ def check_gdn_kernel_inputs(q, k, v, g, beta, initial_state, parents, num_nodes=
     check_contiguous("initial_state", initial_state, inner=3)
     check_kernel_nodes(T, max_nodes)
     if values:
-        check_gdn_inputs(q, k, v, g, beta, initial_state, parents)
+        check_gdn_values(q, k, v, g, beta, initial_state)
     par, stride_pb = kernel_parents(parents, B, T, q.device, values=values)
     nn = check_num_nodes(num_nodes, B, T, q.device, values=values)
     return GDNDims(B, T, H, HV, K, V), par, stride_pb, nn

@@ -14,24 +14,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from treewy.ops.checks import check_accepted, check_finite, check_tensor
+from treewy.ops.checks import check_accepted, check_finite, conv_dims
 from treewy.tree import validate_parents
 
 
 def _check_conv(x, weight, conv_state, parents):
-    x = check_tensor("x", x)
-    check_tensor("weight", weight, x.device)
-    check_tensor("conv_state", conv_state, x.device)
-    if x.ndim != 3:
-        raise ValueError(f"x has shape {tuple(x.shape)}, expected [B, T, C]")
-    B, T, C = x.shape
-    if weight.ndim != 2 or weight.shape[0] != C:
-        raise ValueError(f"weight has shape {tuple(weight.shape)}, expected [C, W] = [{C}, W] "
-                         "(a depthwise nn.Conv1d weight [C, 1, W] squeezed on dim 1)")
-    W = weight.shape[1]
-    if tuple(conv_state.shape) != (B, C, W - 1):
-        raise ValueError(f"conv_state has shape {tuple(conv_state.shape)}, expected [B, C, W - 1] = "
-                         f"[{B}, {C}, {W - 1}]")
+    B, T, C, W = conv_dims(x, conv_state, weight)
     check_finite(x=x, weight=weight, conv_state=conv_state)
     par = validate_parents(parents)
     if par.ndim == 1:

@@ -22,7 +22,7 @@ import triton.language as tl
 from treewy.ops._triton import is_capturing
 from treewy.ops.checks import (
     check_accepted, check_contiguous, check_finite, check_kernel_device, check_kernel_dtype, check_kernel_nodes,
-    check_tensor, kernel_parents,
+    check_tensor, conv_dims, kernel_parents,
 )
 from treewy.ops.tree_verify import MAX_KERNEL_NODES
 
@@ -121,27 +121,12 @@ def tree_conv1d_commit_fwd(x, conv_state, parents, stride_pb, accepted):
 
 
 def _check_conv_kernel(x, weight, conv_state, parents, bias=None):
-    x = check_tensor("x", x)
-    check_tensor("conv_state", conv_state, x.device)
-    named = [("x", x), ("conv_state", conv_state)]
-    if weight is not None:
-        named.append(("weight", check_tensor("weight", weight, x.device)))
+    B, T, C, W = conv_dims(x, conv_state, weight)
+    named = [("x", x), ("conv_state", conv_state)] + [(n, t) for n, t in (("weight", weight), ("bias", bias))
+                                                        if t is not None]
     if bias is not None:
-        named.append(("bias", check_tensor("bias", bias, x.device)))
+        check_tensor("bias", bias, x.device)
     check_kernel_device(*named)
-    if x.ndim != 3 or conv_state.ndim != 3:
-        raise ValueError(f"x has shape {tuple(x.shape)} and conv_state {tuple(conv_state.shape)}; expected "
-                         "[B, T, C] and [B, C, W - 1]")
-    B, T, C = x.shape
-    W = conv_state.shape[-1] + 1
-    if weight is not None:
-        if weight.ndim != 2 or weight.shape[0] != C:
-            raise ValueError(f"weight has shape {tuple(weight.shape)}, expected [C, W] = [{C}, W] "
-                             "(a depthwise nn.Conv1d weight [C, 1, W] squeezed on dim 1)")
-        W = weight.shape[1]
-    if tuple(conv_state.shape) != (B, C, W - 1):
-        raise ValueError(f"conv_state has shape {tuple(conv_state.shape)}, expected [B, C, W - 1] = "
-                         f"[{B}, {C}, {W - 1}]")
     if not 2 <= W <= MAX_CONV_WIDTH:
         raise ValueError(f"the conv width is W = {W}; the kernel takes 2 <= W <= {MAX_CONV_WIDTH}")
     if bias is not None and tuple(bias.shape) != (C,):
