@@ -13,13 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from treewy.ops.gates import gdn_gating, l2norm
 from treewy.serve.reconstruct import (
     ReconstructPools,
     conv_spec_step,
     fold_pending,
-    gdn_gating,
     gdn_spec_step,
-    l2norm,
     reset_slots,
     stash_shapes,
     store_all_step,

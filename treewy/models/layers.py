@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from treewy.models.spec import HybridSpec
+from treewy.ops.gates import gdn_gating, l2norm
 
 
 def gdn_project(gdn, x):
@@ -20,19 +21,14 @@ def gdn_project(gdn, x):
     return mixed, z, b, a
 
 
-def _l2norm(x, eps: float = 1e-6):
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
-
-
 def gdn_inputs(gdn, y, b, a):
     """q, k (l2-normalised, fp32) [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] from the conv output."""
     B, T, _ = y.shape
     q, k, v = torch.split(y, [gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
-    q = _l2norm(q.reshape(B, T, -1, gdn.head_k_dim).float()).contiguous()
-    k = _l2norm(k.reshape(B, T, -1, gdn.head_k_dim).float()).contiguous()
+    q = l2norm(q.reshape(B, T, -1, gdn.head_k_dim)).contiguous()
+    k = l2norm(k.reshape(B, T, -1, gdn.head_k_dim)).contiguous()
     v = v.reshape(B, T, -1, gdn.head_v_dim).float().contiguous()
-    beta = b.float().sigmoid()
-    g = -gdn.A_log.float().exp() * F.softplus(a.float() + gdn.dt_bias.float())
+    g, beta = gdn_gating(gdn.A_log, a, b, gdn.dt_bias)
     return q, k, v, g, beta
 
 

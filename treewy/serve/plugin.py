@@ -115,6 +115,7 @@ def _layer_class():
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
     from vllm.v1.kv_cache_interface import MambaSpec
 
+    from treewy.ops.gates import gdn_gating, l2norm
     from treewy.serve import reconstruct as rc
     from treewy.tree import DraftTree
 
@@ -202,10 +203,10 @@ def _layer_class():
             H, HV = self.num_k_heads // self.tp_size, self.num_v_heads // self.tp_size
             qd, vd = H * self.head_k_dim, HV * self.head_v_dim
             q, k, v = torch.split(y, [qd, qd, vd], dim=-1)
-            q = rc.l2norm(q.reshape(nspec, T, H, self.head_k_dim))
-            k = rc.l2norm(k.reshape(nspec, T, H, self.head_k_dim))
+            q = l2norm(q.reshape(nspec, T, H, self.head_k_dim))
+            k = l2norm(k.reshape(nspec, T, H, self.head_k_dim))
             v = v.reshape(nspec, T, HV, self.head_v_dim).float()
-            g, beta = rc.gdn_gating(self.A_log, pad(a), pad(b), self.dt_bias)
+            g, beta = gdn_gating(self.A_log, pad(a), pad(b), self.dt_bias)
             o = rc.gdn_spec_step(pools, slots, accepted, q, k, v, g * live[..., None], beta, parents,
                                  backend=self.treewy_backend)
             return o[live]                                                      # [spec tokens, HV, V]

@@ -36,7 +36,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from treewy.ops.naive import naive_tree_commit, naive_tree_recurrent, naive_tree_verify
 from treewy.ops.naive_conv import naive_tree_conv1d, naive_tree_conv1d_commit
@@ -256,20 +255,6 @@ def gdn_spec_step(pools: ReconstructPools, block_idx, accepted, q, k, v, g, beta
     pools.meta[slots, 0] = T
     pools.meta[slots, 1:T + 1] = pv.to(torch.int32)
     return o
-
-
-def gdn_gating(A_log, a, b, dt_bias, softplus_threshold: float = 20.0):
-    """(g, beta) from the layer's raw gates, as vLLM's fused_sigmoid_gating kernel computes them:
-    g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); all in fp32."""
-    x = a.float() + dt_bias.float()
-    g = -torch.exp(A_log.float()) * F.softplus(x, beta=1.0, threshold=softplus_threshold)
-    return g, torch.sigmoid(b.float())
-
-
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x / sqrt(sum(x^2) + eps) over the last dim, in fp32 (fla's l2norm, as vLLM's kernels apply it)."""
-    xf = x.float()
-    return xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) + eps)
 
 
 def store_all_step(state_pool, conv_pool, state_indices, num_accepted, x, weight, make_qkvgb, parents,
