@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "serve_fakes"))
+import support  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 ARTIFACTS = ROOT / "artifacts" / "browser"
@@ -36,12 +38,6 @@ if not Path(CHROMIUM).exists():
     pytest.skip("needs Debian's chromium (apt-get install -y chromium)", allow_module_level=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def jupyterlab(tmp_path_factory):
     """JupyterLab on a copy of the notebooks (autosave must not touch the repository's files)."""
@@ -56,7 +52,7 @@ def jupyterlab(tmp_path_factory):
         path = work / "settings" / "@jupyterlab" / f"{name}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
-    port = _free_port()
+    port = support.free_port()
     env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(work / "settings"), "TREEWY_DEVICE": "cpu",
            "TREEWY_SMALL": "1", "JUPYTER_CONFIG_DIR": str(work / "config")}
     log = open(work / "jupyterlab.log", "w")

@@ -19,11 +19,6 @@ class ServePreset:
     num_speculative_tokens: int = 3
     max_num_seqs: int = 256
     max_model_len: int | None = None
-    # GDN shapes (per model, before TP), for memory estimates and the plugin's stash
-    gdn_layers: int = 0
-    gdn_key_heads: int = 16
-    gdn_value_heads: int = 32
-    head_dim: int = 128
 
     @classmethod
     def from_name(cls, name: str) -> ServePreset:
@@ -41,15 +36,8 @@ class ServePreset:
         """The draft shape as the serving table writes it: a chain of k is "(1, 1, 1)"."""
         return str((1,) * self.num_speculative_tokens)
 
-    def state_block_mib(self, state_bytes: int = 4) -> float:
-        """One GDN state block of one request over all GDN layers, per GPU (MiB)."""
-        per_layer = (self.gdn_value_heads // self.tp) * self.head_dim * self.head_dim * state_bytes
-        return self.gdn_layers * per_layer / 2**20
-
 
 PRESETS: dict[str, ServePreset] = {
-    "qwen3.5-35b-a3b": ServePreset("qwen3.5-35b-a3b", "Qwen/Qwen3.5-35B-A3B", tp=1, gmu=0.6,
-                                   gdn_layers=30, gdn_key_heads=16, gdn_value_heads=32),
-    "qwen3.5-397b-a17b": ServePreset("qwen3.5-397b-a17b", "Qwen/Qwen3.5-397B-A17B", tp=8, gmu=0.9,
-                                     gdn_layers=45, gdn_key_heads=16, gdn_value_heads=64),
+    "qwen3.5-35b-a3b": ServePreset("qwen3.5-35b-a3b", "Qwen/Qwen3.5-35B-A3B", tp=1, gmu=0.6),
+    "qwen3.5-397b-a17b": ServePreset("qwen3.5-397b-a17b", "Qwen/Qwen3.5-397B-A17B", tp=8, gmu=0.9),
 }
