@@ -144,3 +144,12 @@ def test_checkpoint_without_mtp_refuses_the_mtp_drafter(tmp_path):
     with pytest.raises(ValueError, match="no.*mtp.*use drafter='ngram'|has none; use drafter='ngram'"):
         generate(m, PROMPTS, drafter="mtp")
     assert len(generate(m, PROMPTS[:1], drafter="ngram", tree=(2, 1), max_new_tokens=4).tokens[0]) == 4
+
+
+@pytest.mark.parametrize("mode", ["reconstruct", "store_all"])
+def test_engine_on_the_triton_kernels_is_plain_greedy(model, reference, mode):
+    """The engine's kernel backend (here under the Triton interpreter) decodes exactly like the references."""
+    res = generate(model, PROMPTS, drafter=OracleDrafter(reference, seed=5), tree=(2, 1), commit=mode,
+                   max_new_tokens=NEW, backend="triton")
+    assert res.tokens == reference
+    assert max(s.length for s in res.steps) > 1

@@ -377,3 +377,19 @@ def test_largest_tree_and_64bit_state_offsets():
     ref = naive_tree_commit(state.double(), ru, ins[1].double(), ins[3].double(), parents, acc)
     tree_commit(state, u, ins[1], ins[3], parents, acc)
     assert rel(pool[step], ref[1]) < 1e-2 and rel(pool[0], ref[0]) < 1e-2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is only switched on without CUDA")
+def test_triton_imported_before_treewy_is_a_clear_error():
+    """Without CUDA, triton imported before treewy would leave the interpreter off: say so, don't crash in a kernel."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", "import triton; import treewy.ops"], env=env, capture_output=True,
+                       text=True)
+    assert r.returncode != 0 and "import treewy before triton" in r.stderr
+    ok = subprocess.run([sys.executable, "-c", "import treewy, triton, treewy.ops"], env=env, capture_output=True,
+                        text=True)
+    assert ok.returncode == 0, ok.stderr
