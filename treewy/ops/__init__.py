@@ -6,6 +6,7 @@ without CUDA (unless the variable is already set), so the kernels run on CPU ten
 
 from treewy.ops.naive import naive_tree_commit, naive_tree_recurrent, naive_tree_verify, path_cumsum
 from treewy.ops.naive_conv import naive_tree_conv1d, naive_tree_conv1d_commit
+from treewy.ops.pending import PendingCommit, flush_pending, naive_flush, naive_tree_step
 from treewy.ops.store_all import store_all_commit, store_all_verify
 from treewy.ops.tree_commit import tree_commit
 from treewy.ops.tree_conv import tree_conv1d, tree_conv1d_commit
@@ -13,6 +14,10 @@ from treewy.ops.tree_verify import MAX_KERNEL_NODES, tree_verify
 
 __all__ = [
     "MAX_KERNEL_NODES",
+    "PendingCommit",
+    "flush_pending",
+    "naive_flush",
+    "naive_tree_step",
     "naive_tree_commit",
     "naive_tree_conv1d",
     "naive_tree_conv1d_commit",

@@ -6,7 +6,7 @@ from dataclasses import astuple, dataclass
 
 import torch
 
-from treewy.tree import DraftTree, validate_parents
+from treewy.tree import MAX_NODES, DraftTree, validate_parents
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,8 @@ def conv_dims(x, conv_state, weight=None) -> tuple[int, int, int, int]:
     return B, T, C, W
 
 
-def check_accepted(accepted, B: int, T: int, device) -> torch.Tensor:
+def check_accepted(accepted, B: int, T: int, device, *, allow_none: bool = False) -> torch.Tensor:
+    """Accepted node per request [B] as int64; ``allow_none`` also admits -1 (nothing to commit)."""
     a = torch.as_tensor(accepted, device=device)
     if a.dtype.is_floating_point or a.dtype == torch.bool:
         raise ValueError(f"accepted must hold integer node indices, got dtype {a.dtype}")
@@ -125,9 +126,50 @@ def check_accepted(accepted, B: int, T: int, device) -> torch.Tensor:
         a = a.expand(B)
     if tuple(a.shape) != (B,):
         raise ValueError(f"accepted has shape {tuple(a.shape)}, expected [B] = [{B}] (one node per request)")
-    if bool(((a < 0) | (a >= T)).any()):
-        raise ValueError(f"accepted holds {a.tolist()}; every entry must be a node index in 0..{T - 1}")
+    lo = -1 if allow_none else 0
+    if bool(((a < lo) | (a >= T)).any()):
+        raise ValueError(f"accepted holds {a.tolist()}; every entry must be a node index in {lo}..{T - 1}"
+                         + (" (-1 = nothing pending)" if allow_none else ""))
     return a.long()
+
+
+def check_pending(pending, state: torch.Tensor, dims: GDNDims, *, values: bool):
+    """Validate a PendingCommit against the state [B, HV, V, K] it will be folded into; return it with
+    int32 parents and accepted on the state's device. ``values`` also checks topology, finiteness and g."""
+    from dataclasses import replace
+
+    from treewy.ops.pending import PendingCommit
+
+    if not isinstance(pending, PendingCommit):
+        raise ValueError(f"pending must be a treewy.ops.PendingCommit, got {type(pending).__name__}")
+    named = (("pending.u", pending.u), ("pending.k", pending.k), ("pending.g", pending.g))
+    for name, x in named:
+        check_tensor(name, x)
+    check_kernel_device(("initial_state", state), *named)
+    B, H, HV, K, V = dims.B, dims.H, dims.HV, dims.K, dims.V
+    u = pending.u
+    if u.ndim != 4 or u.shape[0] != B or tuple(u.shape[2:]) != (HV, V):
+        raise ValueError(f"pending.u has shape {tuple(u.shape)}, expected [B, T_prev, HV, V] = [{B}, T_prev, {HV}, {V}]")
+    PT = u.shape[1]
+    _shape("pending.k", pending.k, (B, PT, H, K), "[B, T_prev, H, K]: the previous window's keys")
+    _shape("pending.g", pending.g, (B, PT, HV), "[B, T_prev, HV]: the previous window's log decays")
+    check_kernel_dtype("pending.u", u, (torch.float32,))
+    check_kernel_dtype("pending.k", pending.k, KERNEL_FLOAT_DTYPES)
+    check_kernel_dtype("pending.g", pending.g, KERNEL_FLOAT_DTYPES)
+    for name, x in named:
+        check_contiguous(name, x)
+    check_kernel_nodes(PT, MAX_NODES)
+    par, _ = kernel_parents(pending.parents, B, PT, state.device, values=values)
+    acc = pending.accepted
+    if values:
+        check_finite(**{"pending.u": u, "pending.k": pending.k, "pending.g": pending.g})
+        if bool((pending.g > 0).any()):
+            raise ValueError("pending.g has positive entries; g is a log decay and must be <= 0")
+        acc = check_accepted(acc, B, PT, state.device, allow_none=True).to(torch.int32).contiguous()
+    elif not (isinstance(acc, torch.Tensor) and acc.dtype == torch.int32 and acc.device == state.device
+              and tuple(acc.shape) == (B,)):
+        raise ValueError("pending.accepted must be an int32 [B] tensor on the state's device inside CUDA-graph capture")
+    return replace(pending, parents=par, accepted=acc)
 
 
 # Checks for the Triton kernels: metadata only, so they never sync the host.

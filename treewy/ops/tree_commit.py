@@ -80,13 +80,14 @@ def tree_commit_fwd(state, u, k, g, parents, stride_pb, accepted, use_qk_l2norm_
     return state
 
 
-def tree_commit(state, u, k, g, parents, accepted, use_qk_l2norm_in_kernel=False):
+def tree_commit(state, u, k, g, parents, accepted, use_qk_l2norm_in_kernel=False, allow_none=False):
     """Overwrite ``state`` [B, HV, V, K] with the state of each request's accepted node; returns it.
 
     Kernel twin of ``naive_tree_commit`` (same arguments; the reference returns a new tensor,
     this writes in place). u [B, T, HV, V] fp32 from ``tree_verify``; k [B, T, H, K] and
     g [B, T, HV] as given to it; parents a DraftTree, [T] or [B, T]; accepted int [B].
-    Pass ``use_qk_l2norm_in_kernel`` as given to ``tree_verify``.
+    Pass ``use_qk_l2norm_in_kernel`` as given to ``tree_verify``. ``allow_none``: accepted = -1
+    leaves that request's state unchanged (see ``flush_pending``).
     """
     state = check_tensor("state", state)
     for name, x in (("u", u), ("k", k), ("g", g)):
@@ -116,7 +117,7 @@ def tree_commit(state, u, k, g, parents, accepted, use_qk_l2norm_in_kernel=False
         check_finite(u=u, k=k, g=g)
         if bool((g > 0).any()):
             raise ValueError("g has positive entries; g is a log decay and must be <= 0")
-        acc = check_accepted(accepted, B, T, state.device).to(torch.int32)
+        acc = check_accepted(accepted, B, T, state.device, allow_none=allow_none).to(torch.int32)
     else:
         acc = accepted
         if not (isinstance(acc, torch.Tensor) and acc.dtype == torch.int32 and acc.device == state.device

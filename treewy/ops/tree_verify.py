@@ -1,21 +1,26 @@
-"""TreeWY tree verify: every node's output and pseudo-value in one launch, no per-node state.
+"""TreeWY tree verify: every node's output and pseudo-value in one launch, no per-node state,
+with the previous step's commit optionally folded in (``pending``).
 
-Status: parity with ``naive_tree_verify`` (fp64) tested under the Triton 3.9 interpreter on CPU
-(fp32; GVA HV = H, 2H, 4H; K, V from 16 to 100; chains, stars, random trees, per-request
-topologies and node counts; fp32 and bf16 state) and on an H200 with Triton 3.6 (fp32 and bf16,
-K = V = 128, B up to 256, the paper's tree shapes). Limits: T <= 128 nodes per request (the
-Gram and mask tiles are BT x BT with BT = next_pow2(T), at least 16); dot products in "tf32x3"
-on the GPU (fp32-level error, tensor cores), "ieee" under the interpreter; trees are padded to 16
-rows, and the V-independent work is redone per value tile, so the kernel is far from the
-bandwidth roofline (see benchmarks/results). On a machine without CUDA,
-importing this module sets TRITON_INTERPRET=1 (see treewy/ops/_triton.py).
+Status: parity with ``naive_tree_verify`` / ``naive_tree_step`` (fp64) tested under the Triton
+interpreter on CPU (fp32; GVA HV = H, 2H, 4H; awkward K, V; chains, stars, random trees;
+per-request topologies and node counts; fp32 and bf16 state; 200 folded steps) and on an H200.
+Limits: T <= 128 nodes per request.
 
-Grid (V / BV, B * HV): one program per request, value head and value tile. Each program walks
-the parent pointers (a device tensor: no host branching, CUDA-graph capturable), builds the
-inclusive ancestor mask and the path cumsum G, accumulates K K^T, Q K^T, K S0^T and Q S0^T over
-key chunks, solves (I + diag(beta) A) U = R by the Horner form of the finite Neumann series (as
-many dense products as the tree is deep) and writes o and u. The V-independent work is redone
-per value tile.
+Grid (V / BV, B * HV): one program per request, value head and value tile. Each program reads its
+[BV, K] state tile once; with a pending commit it rebuilds the previous window's accepted state
+in registers (exp(G_a) S0 + sum over the root..a path of exp(G_a - G_i) u_i k_i^T), writes it back
+once and verifies the new window from it: per step and head one state read, one state write.
+
+Two kernels, chosen by the padded window size BT = next_pow2(T):
+- ``tree_verify_fma_kernel`` (BT <= 16: chains and small trees): plain fp32 FMAs, no tensor
+  cores, no padding beyond BT. S k_t and S q_t are row reductions of the state tile; the system
+  (I + M) U = R is solved by forward substitution (parents precede children, so M is strictly
+  lower triangular), one row at a time, and o_t is finished as soon as u_t is known.
+- ``tree_verify_dot_kernel`` (larger trees): tensor-core dot products in "tf32x3" (fp32-level
+  error) on the GPU, "ieee" under the interpreter; the solve is the finite Neumann series in
+  Horner form (as many products as the tree is deep).
+Both walk the parent pointers from a device tensor (CUDA-graph capturable, no host branching).
+On a machine without CUDA, importing this module sets TRITON_INTERPRET=1 (see _triton.py).
 """
 
 from __future__ import annotations
@@ -29,31 +34,17 @@ import triton
 import triton.language as tl
 
 from treewy.ops._triton import INTERPRET, is_capturing
-from treewy.ops.checks import check_gdn_kernel_inputs
+from treewy.ops.checks import check_gdn_kernel_inputs, check_pending
 
 #: Largest number of nodes (root + drafts) per request the verify kernel takes.
 MAX_KERNEL_NODES = 128
 
-#: Dot-product precision: "tf32x3" (three tf32 tensor-core passes, fp32-level error; the GPU
-#: default), "ieee" (plain fp32, about 4x slower at these shapes), "tf32" (fast, ~1e-4 error).
+#: Largest padded window handled by the FMA kernel; larger windows use tensor-core dot products.
+FMA_MAX_BT = 16
+
+#: Dot-product precision of the dot kernel: "tf32x3" (three tf32 tensor-core passes, fp32-level
+#: error; the GPU default), "ieee" (plain fp32, slow at these shapes), "tf32" (fast, ~1e-4 error).
 DEFAULT_DOT_PRECISION = "ieee" if INTERPRET else "tf32x3"
-
-
-def _configs():
-    if INTERPRET:
-        return [triton.Config({"BV": 32, "BK": 32}, num_warps=4)]
-    return [triton.Config({"BV": bv, "BK": bk}, num_warps=w, num_stages=s)
-            for bv in (16, 32, 64) for bk in (32,) for w in (4, 8) for s in (1,)]
-
-
-def _prune(configs, named_args, **kwargs):
-    args = {**named_args, **kwargs}
-    BT, V = args["BT"], args["V"]
-    out = [c for c in configs
-           if c.kwargs["BV"] <= max(16, triton.next_power_of_2(V))
-           and not (BT >= 64 and c.kwargs["BV"] >= 64)
-           and not (BT >= 128 and (c.kwargs["BV"] > 16 or c.num_warps < 8))]
-    return out or configs[:1]
 
 
 def _quick_bench(fn, quantiles=None):
@@ -61,34 +52,96 @@ def _quick_bench(fn, quantiles=None):
 
 
 _AUTOTUNE_EXTRA = {"do_bench": _quick_bench} if "do_bench" in inspect.signature(triton.autotune).parameters else {}
+_KEY = ["B", "T", "H", "HV", "K", "V", "BT", "PT", "USE_QK_L2NORM_IN_KERNEL", "HAS_NUM_NODES", "HAS_PENDING",
+        "DOT_PRECISION"]
 
 
-@triton.autotune(configs=_configs(), key=["B", "T", "H", "HV", "K", "V", "BT", "USE_QK_L2NORM_IN_KERNEL",
-                                          "HAS_NUM_NODES", "DOT_PRECISION"],
-                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune}, **_AUTOTUNE_EXTRA)
-@triton.jit(do_not_specialize=["T", "stride_pb", "stride_hb"])
-def tree_verify_kernel(
-    q, k, v, g, beta, h0, parents, num_nodes, o, u,
-    stride_pb, stride_hb, scale,
-    B, T, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    i_b64 = i_b.to(tl.int64)
+def _fit_v(configs, named_args, **kwargs):
+    V = {**named_args, **kwargs}["V"]
+    return [c for c in configs if c.kwargs["BV"] <= max(16, triton.next_power_of_2(V))] or configs[:1]
 
-    o_t = tl.arange(0, BT)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < V
-    if HAS_NUM_NODES:
-        n_b = tl.load(num_nodes + i_b)
-        m_t = o_t < n_b
+
+def _prune_dot(configs, named_args, **kwargs):
+    BT = {**named_args, **kwargs}["BT"]
+    out = [c for c in _fit_v(configs, named_args, **kwargs)
+           if not (BT >= 64 and c.kwargs["BV"] >= 64) and not (BT >= 128 and (c.kwargs["BV"] > 16 or c.num_warps < 8))]
+    return out or configs[:1]
+
+
+def _fma_configs():
+    if INTERPRET:
+        return [triton.Config({"BV": 16}, num_warps=4)]
+    return [triton.Config({"BV": bv}, num_warps=w, num_stages=1) for bv in (8, 16, 32, 64) for w in (1, 2, 4, 8)
+            if 4 <= bv * 4 // w <= 64]  # state-tile registers per thread at K = 128
+
+
+def _dot_configs():
+    if INTERPRET:
+        return [triton.Config({"BV": 32}, num_warps=4)]
+    return [triton.Config({"BV": bv}, num_warps=w, num_stages=1) for bv in (16, 32, 64) for w in (4, 8)]
+
+
+@triton.jit
+def _fold_pending(b_h, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, pg, ppar, pacc, stride_ppb, PT,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BPT: tl.constexpr,
+                  PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """State tile [BV, BK] of the pending accepted node a, from the committed tile b_h; returns (tile, a).
+
+    The path root..a is found in registers (parents loaded once); G_i is the cumsum of g over the
+    path in index order (ancestors precede descendants), so the weights are exp(G_a - G_i).
+    """
+    a = tl.load(pacc + i_b)
+    o_p = tl.arange(0, BPT)
+    m_p = o_p < PT
+    b_par = tl.load(ppar + i_b64 * stride_ppb + o_p, mask=m_p, other=-1)
+    on = o_p < 0
+    cur = a
+    while cur >= 0:
+        on = on | (o_p == cur)
+        cur = tl.sum(tl.where(o_p == cur, b_par, 0), 0)
+    rows = i_b64 * PT + o_p
+    b_gp = tl.load(pg + rows * HV + i_hv, mask=on, other=0).to(tl.float32)
+    b_G = tl.cumsum(b_gp, 0)
+    b_C = tl.sum(b_gp, 0)
+    b_w = tl.where(on, tl.exp(b_C - b_G), 0.0)
+    b_u = tl.load(pu + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=on[:, None] & m_v[None, :], other=0)
+    b_k = tl.load(pk + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=on[:, None] & m_k[None, :],
+                  other=0).to(tl.float32)
+    if PENDING_L2NORM:
+        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+    b_uw = b_u.to(tl.float32) * b_w[:, None]
+    b_h = tl.exp(b_C) * b_h
+    if BPT >= 16:
+        b_h += tl.dot(tl.trans(b_uw), b_k, input_precision=DOT_PRECISION)
     else:
-        m_t = o_t < T
+        for j in tl.static_range(BPT):
+            u_j = tl.sum(tl.where(o_p[:, None] == j, b_uw, 0.0), 0)
+            k_j = tl.sum(tl.where(o_p[:, None] == j, b_k, 0.0), 0)
+            b_h += u_j[:, None] * k_j[None, :]
+    return b_h, a
 
-    # ancestors and path cumsum: walk every node's parent pointers up to the root at once
+
+@triton.jit
+def _load_state(h0, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, pg, ppar, pacc, stride_hb, stride_ppb, PT,
+                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BPT: tl.constexpr,
+                HAS_PENDING: tl.constexpr, PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The committed [BV, BK] state tile in fp32; with a pending commit, folded in and written back."""
+    p_h = h0 + i_b64 * stride_hb + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+    m_h = m_v[:, None] & m_k[None, :]
+    b_h = tl.load(p_h, mask=m_h, other=0).to(tl.float32)
+    if HAS_PENDING:
+        b_h, a = _fold_pending(b_h, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, pg, ppar, pacc,
+                               stride_ppb, PT, H, HV, K, V, BPT, PENDING_L2NORM, DOT_PRECISION)
+        b_h = b_h.to(p_h.dtype.element_ty)  # verify from exactly the state that is stored
+        if a >= 0:
+            tl.store(p_h, b_h, mask=m_h)
+        b_h = b_h.to(tl.float32)
+    return b_h
+
+
+@triton.jit
+def _ancestors(parents, g, i_b64, i_hv, o_t, m_t, stride_pb, T, HV: tl.constexpr):
+    """(inclusive ancestor mask [BT, BT], path cumsum G [BT], depth): all nodes walk up at once."""
     p_par = parents + i_b64 * stride_pb
     p_g = g + i_b64 * T * HV + i_hv
     b_G = tl.load(p_g + o_t * HV, mask=m_t, other=0).to(tl.float32)
@@ -100,43 +153,124 @@ def tree_verify_kernel(
         b_G += tl.load(p_g + b_cur * HV, mask=m_up, other=0).to(tl.float32)
         b_cur = tl.load(p_par + b_cur, mask=m_up, other=-1)
     n_depth = tl.max(tl.sum(m_anc.to(tl.int32), 1), 0) - 1
-    m_strict = m_anc & (o_t[:, None] != o_t[None, :])
+    return m_anc, b_G, n_depth
 
-    # Gram matrices and state products over key chunks
-    b_A = tl.zeros([BT, BT], dtype=tl.float32)
-    b_QK = tl.zeros([BT, BT], dtype=tl.float32)
+
+@triton.autotune(configs=_fma_configs(), key=_KEY, restore_value=["h0"],
+                 prune_configs_by=None if INTERPRET else {"early_config_prune": _fit_v}, **_AUTOTUNE_EXTRA)
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_hb", "stride_ppb"])
+def tree_verify_fma_kernel(
+    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
+    stride_pb, stride_hb, stride_ppb, scale,
+    B, T, PT, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr,
+    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr,
+    PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    i_b64 = i_b.to(tl.int64)
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v, m_k = o_v < V, o_k < K
+    n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
+    m_t = o_t < n_b
+
+    b_h = _load_state(h0, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, pg, ppar, pacc, stride_hb, stride_ppb,
+                      PT, H, HV, K, V, BPT, HAS_PENDING, PENDING_L2NORM, DOT_PRECISION)
+    m_anc, b_G, _ = _ancestors(parents, g, i_b64, i_hv, o_t, m_t, stride_pb, T, HV)
+
+    # state and Gram products, one node at a time: row reductions of the tile, exact fp32
+    p_qk_row = (i_b64 * T + o_t) * H + i_h
+    m_tk = m_t[:, None] & m_k[None, :]
+    b_K = tl.load(k + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+    b_Q = tl.load(q + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+    if USE_QK_L2NORM_IN_KERNEL:
+        b_K = b_K / tl.sqrt(tl.sum(b_K * b_K, 1) + 1e-6)[:, None]
+        b_Q = b_Q / tl.sqrt(tl.sum(b_Q * b_Q, 1) + 1e-6)[:, None]
     b_hk = tl.zeros([BT, BV], dtype=tl.float32)
     b_hq = tl.zeros([BT, BV], dtype=tl.float32)
-    b_nk = tl.zeros([BT], dtype=tl.float32)
-    b_nq = tl.zeros([BT], dtype=tl.float32)
-    p_qk_row = (i_b64 * T + o_t) * H + i_h
-    p_h0 = h0 + i_b64 * stride_hb + i_hv * V * K
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        m_tk = m_t[:, None] & m_k[None, :]
-        b_k = tl.load(k + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
-        b_q = tl.load(q + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
-        b_h = tl.load(p_h0 + o_v[:, None] * K + o_k[None, :], mask=m_v[:, None] & m_k[None, :],
-                      other=0).to(tl.float32)
-        b_kt = tl.trans(b_k)
-        b_A += tl.dot(b_k, b_kt, input_precision=DOT_PRECISION)
-        b_QK += tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)
-        b_ht = tl.trans(b_h)
-        b_hk += tl.dot(b_k, b_ht, input_precision=DOT_PRECISION)
-        b_hq += tl.dot(b_q, b_ht, input_precision=DOT_PRECISION)
-        if USE_QK_L2NORM_IN_KERNEL:
-            b_nk += tl.sum(b_k * b_k, 1)
-            b_nq += tl.sum(b_q * b_q, 1)
-    if USE_QK_L2NORM_IN_KERNEL:
-        b_rk = 1.0 / tl.sqrt(b_nk + 1e-6)
-        b_rq = 1.0 / tl.sqrt(b_nq + 1e-6)
-        b_A = b_A * b_rk[:, None] * b_rk[None, :]
-        b_QK = b_QK * b_rq[:, None] * b_rk[None, :]
-        b_hk = b_hk * b_rk[:, None]
-        b_hq = b_hq * b_rq[:, None]
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    b_QK = tl.zeros([BT, BT], dtype=tl.float32)
+    for t in tl.static_range(BT):
+        sel = o_t == t
+        k_t = tl.sum(tl.where(sel[:, None], b_K, 0.0), 0)
+        q_t = tl.sum(tl.where(sel[:, None], b_Q, 0.0), 0)
+        b_hk = tl.where(sel[:, None], tl.sum(b_h * k_t[None, :], 1)[None, :], b_hk)
+        b_hq = tl.where(sel[:, None], tl.sum(b_h * q_t[None, :], 1)[None, :], b_hq)
+        b_A = tl.where(sel[None, :], tl.sum(b_K * k_t[None, :], 1)[:, None], b_A)
+        b_QK = tl.where(sel[None, :], tl.sum(b_Q * k_t[None, :], 1)[:, None], b_QK)
 
     # masked log-space decays: only ancestor pairs, G_t - G_i <= 0
+    m_strict = m_anc & (o_t[:, None] != o_t[None, :])
+    b_diff = b_G[:, None] - b_G[None, :]
+    b_beta = tl.load(beta + (i_b64 * T + o_t) * HV + i_hv, mask=m_t, other=0).to(tl.float32)
+    b_M = tl.where(m_strict, tl.exp(tl.where(m_strict, b_diff, float("-inf"))) * b_A, 0.0) * b_beta[:, None]
+    b_P = tl.where(m_anc, tl.exp(tl.where(m_anc, b_diff, float("-inf"))) * b_QK, 0.0) * scale
+    b_eG = tl.exp(b_G)
+    p_tv = (i_b64 * T + o_t[:, None]) * HV * V + i_hv * V + o_v[None, :]
+    b_v = tl.load(v + p_tv, mask=m_t[:, None] & m_v[None, :], other=0).to(tl.float32)
+    b_R = b_beta[:, None] * (b_v - b_eG[:, None] * b_hk)
+    b_O = b_eG[:, None] * b_hq * scale
+
+    # forward substitution, row by row; o_t = eG_t S q_t + sum_{i <= t} P[t, i] u_i is final once u_t is
+    b_U = tl.zeros([BT, BV], dtype=tl.float32)
+    for t in tl.static_range(BT):
+        sel = o_t == t
+        m_row = tl.sum(tl.where(sel[:, None], b_M, 0.0), 0)
+        p_row = tl.sum(tl.where(sel[:, None], b_P, 0.0), 0)
+        u_t = tl.sum(tl.where(sel[:, None], b_R, 0.0), 0) - tl.sum(m_row[:, None] * b_U, 0)
+        b_U = tl.where(sel[:, None], u_t[None, :], b_U)
+        o_row = tl.sum(tl.where(sel[:, None], b_O, 0.0), 0) + tl.sum(p_row[:, None] * b_U, 0)
+        p_row_tv = (i_b64 * T + t) * HV * V + i_hv * V + o_v
+        m_row_v = m_v & (tl.zeros([BV], dtype=tl.int32) + t < T)
+        tl.store(u + p_row_tv, u_t, mask=m_row_v)
+        tl.store(o + p_row_tv, o_row.to(o.dtype.element_ty), mask=m_row_v)
+
+
+@triton.autotune(configs=_dot_configs(), key=_KEY, restore_value=["h0"],
+                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune_dot}, **_AUTOTUNE_EXTRA)
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_hb", "stride_ppb"])
+def tree_verify_dot_kernel(
+    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
+    stride_pb, stride_hb, stride_ppb, scale,
+    B, T, PT, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr,
+    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr,
+    PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    i_b64 = i_b.to(tl.int64)
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v, m_k = o_v < V, o_k < K
+    n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
+    m_t = o_t < n_b
+
+    b_h = _load_state(h0, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, pg, ppar, pacc, stride_hb, stride_ppb,
+                      PT, H, HV, K, V, BPT, HAS_PENDING, PENDING_L2NORM, DOT_PRECISION)
+    m_anc, b_G, n_depth = _ancestors(parents, g, i_b64, i_hv, o_t, m_t, stride_pb, T, HV)
+
+    p_qk_row = (i_b64 * T + o_t) * H + i_h
+    m_tk = m_t[:, None] & m_k[None, :]
+    b_k = tl.load(k + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+    b_q = tl.load(q + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+    if USE_QK_L2NORM_IN_KERNEL:
+        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
+    b_kt = tl.trans(b_k)
+    b_ht = tl.trans(b_h)
+    b_A = tl.dot(b_k, b_kt, input_precision=DOT_PRECISION)
+    b_QK = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)
+    b_hk = tl.dot(b_k, b_ht, input_precision=DOT_PRECISION)
+    b_hq = tl.dot(b_q, b_ht, input_precision=DOT_PRECISION)
+
+    m_strict = m_anc & (o_t[:, None] != o_t[None, :])
     b_diff = b_G[:, None] - b_G[None, :]
     b_beta = tl.load(beta + (i_b64 * T + o_t) * HV + i_hv, mask=m_t, other=0).to(tl.float32)
     b_M = tl.where(m_strict, tl.exp(tl.where(m_strict, b_diff, float("-inf"))) * b_A, 0.0) * b_beta[:, None]
@@ -144,8 +278,7 @@ def tree_verify_kernel(
     b_eG = tl.exp(b_G)
 
     p_tv = (i_b64 * T + o_t[:, None]) * HV * V + i_hv * V + o_v[None, :]
-    m_tv = m_t[:, None] & m_v[None, :]
-    b_v = tl.load(v + p_tv, mask=m_tv, other=0).to(tl.float32)
+    b_v = tl.load(v + p_tv, mask=m_t[:, None] & m_v[None, :], other=0).to(tl.float32)
     b_R = b_beta[:, None] * (b_v - b_eG[:, None] * b_hk)
     # (I + M)^-1 R = R - M (R - M (R - ...)): M is nilpotent of order depth + 1
     b_U = b_R
@@ -159,38 +292,68 @@ def tree_verify_kernel(
 
 
 def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, use_qk_l2norm_in_kernel=False,
-                    num_nodes=None, dot_precision=None):
-    """Launcher: inputs already validated; parents int32 on the inputs' device. Returns (o, u fp32)."""
+                    num_nodes=None, dot_precision=None, pending=None, kernel=None):
+    """Launcher: inputs already validated; parents int32 on the inputs' device. Returns (o, u fp32).
+
+    ``pending``: a PendingCommit whose parents and accepted are int32 device tensors (validated), or
+    None; ``initial_state`` is then updated in place. ``kernel``: "fma" or "dot" to override the
+    choice by window size (benchmarks).
+    """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     o = torch.empty_like(v)
     u = torch.empty(B, T, HV, V, device=v.device, dtype=torch.float32)
+    BT = triton.next_power_of_2(max(T, 2))
+    kernel = kernel or ("fma" if BT <= FMA_MAX_BT else "dot")
+    if kernel == "dot":
+        BT = max(16, BT)
+    if pending is not None:
+        pu, pk, pg, ppar, pacc = pending.u, pending.k, pending.g, pending.parents, pending.accepted
+        PT = pu.shape[1]
+        stride_ppb = 0 if ppar.ndim == 1 else PT
+        pl2 = pending.use_qk_l2norm_in_kernel
+    else:
+        pu = pk = pg = ppar = pacc = u
+        PT, stride_ppb, pl2 = 1, 0, False
+    fn = tree_verify_fma_kernel if kernel == "fma" else tree_verify_dot_kernel
 
     def grid(meta):
         return (triton.cdiv(V, meta["BV"]), B * HV)
 
-    tree_verify_kernel[grid](
+    fn[grid](
         q, k, v, g, beta, initial_state, parents, num_nodes if num_nodes is not None else parents, o, u,
-        stride_pb, initial_state.stride(0), scale,
-        B=B, T=T, H=H, HV=HV, K=K, V=V, BT=max(16, triton.next_power_of_2(T)),
+        pu, pk, pg, ppar, pacc, stride_pb, initial_state.stride(0), stride_ppb, scale,
+        B=B, T=T, PT=PT, H=H, HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K),
+        BPT=triton.next_power_of_2(max(PT, 2)),
         USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, HAS_NUM_NODES=num_nodes is not None,
-        DOT_PRECISION=dot_precision or DEFAULT_DOT_PRECISION,
+        HAS_PENDING=pending is not None, PENDING_L2NORM=pl2, DOT_PRECISION=dot_precision or DEFAULT_DOT_PRECISION,
     )
     return o, u
 
 
 def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2norm_in_kernel=False,
-                num_nodes=None):
+                num_nodes=None, pending=None):
     """Outputs and pseudo-values of every tree node in one launch (kernel twin of ``naive_tree_verify``).
 
     q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] (bf16 or fp32); initial_state
     [B, HV, V, K] (fp32 or bf16; any batch stride); parents a DraftTree, [T] or [B, T];
     num_nodes optional int [B]: request b uses nodes 0..num_nodes[b] - 1 (0 = inactive slot),
     the rest of its o and u is written as zeros. Returns o [B, T, HV, V] in v's dtype and
-    u [B, T, HV, V] fp32. While a CUDA graph is being captured only metadata is checked: pass
-    int32 device tensors validated beforehand.
+    u [B, T, HV, V] fp32.
+
+    pending: a ``PendingCommit`` of the previous window (kernel twin of ``naive_tree_step``): the
+    state is first overwritten in place with each request's pending accepted state (rows with
+    accepted = -1 are left as they are), then the window is verified from it. The next step's
+    pending commit is ``PendingCommit(u, k, g, parents, accepted)`` of this window.
+
+    While a CUDA graph is being captured only metadata is checked: pass int32 device tensors
+    validated beforehand.
     """
+    values = not is_capturing()
     dims, par, stride_pb, nn = check_gdn_kernel_inputs(q, k, v, g, beta, initial_state, parents, num_nodes,
-                                                       max_nodes=MAX_KERNEL_NODES, values=not is_capturing())
+                                                       max_nodes=MAX_KERNEL_NODES, values=values)
+    if pending is not None:
+        pending = check_pending(pending, initial_state, dims, values=values)
     scale = dims.K ** -0.5 if scale is None else float(scale)
-    return tree_verify_fwd(q, k, v, g, beta, initial_state, par, stride_pb, scale, use_qk_l2norm_in_kernel, nn)
+    return tree_verify_fwd(q, k, v, g, beta, initial_state, par, stride_pb, scale, use_qk_l2norm_in_kernel, nn,
+                           pending=pending)

@@ -1,0 +1,205 @@
+"""The deferred commit folded into verify (``tree_verify(..., pending=...)``) against the references.
+
+CPU: Triton interpreter, small awkward sizes; GPU (marked ``gpu``): the model's shapes and CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from treewy.ops import (
+    PendingCommit, flush_pending, naive_flush, naive_tree_recurrent, naive_tree_step, tree_commit, tree_verify,
+)
+from treewy.ops.tree_verify import tree_verify_fwd
+from treewy.tree import DraftTree
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def rel(x, ref):
+    ref = ref.double()
+    return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def window(B, T, H, HV, K, V, gen, dtype=torch.float32):
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, HV, V, generator=gen)
+    g = F.logsigmoid(torch.randn(B, T, HV, generator=gen)) / 4
+    beta = torch.rand(B, T, HV, generator=gen)
+    return [x.to(DEVICE, dtype) for x in (q, k, v, g, beta)]
+
+
+def random_parents(T, gen):
+    return [-1] + [int(torch.randint(0, t, (1,), generator=gen)) for t in range(1, T)]
+
+
+CASES = [  # name, B, H, HV, K, V, previous tree, new tree
+    ("chain3-chain3", 2, 1, 2, 20, 24, DraftTree.chain(3), DraftTree.chain(3)),
+    ("tree222-chain1", 2, 2, 4, 16, 20, DraftTree.from_widths((2, 2, 2)), DraftTree.chain(1)),
+    ("chain1-tree332", 2, 1, 1, 24, 17, DraftTree.chain(1), DraftTree.from_widths((3, 3, 2))),
+    ("tree332-tree22", 2, 2, 2, 32, 16, DraftTree.from_widths((3, 3, 2)), DraftTree.from_widths((2, 2))),
+    ("decode-decode", 3, 1, 2, 16, 16, DraftTree([-1]), DraftTree([-1])),
+]
+
+
+@pytest.mark.parametrize("name,B,H,HV,K,V,prev,new", CASES, ids=[c[0] for c in CASES])
+def test_folded_commit_matches_flush_then_verify(name, B, H, HV, K, V, prev, new):
+    gen = torch.Generator().manual_seed(7)
+    S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(DEVICE)
+    w0 = window(B, prev.num_nodes, H, HV, K, V, gen)
+    w1 = window(B, new.num_nodes, H, HV, K, V, gen)
+    _, u0 = tree_verify(*w0, S, prev)
+    acc = torch.randint(0, prev.num_nodes, (B,), generator=gen)
+    acc[-1] = -1  # the last request has nothing pending
+    pend = PendingCommit(u0, w0[1], w0[3], prev, acc)
+    ref_pend = PendingCommit(u0.double(), w0[1].double(), w0[3].double(), prev, acc)
+    ro, ru, rS = naive_tree_step(*[x.double() for x in w1], S.double(), new, pending=ref_pend)
+    state = S.clone()
+    o, u = tree_verify(*w1, state, new, pending=pend)
+    assert rel(state, rS) < 1e-6 and rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5
+    assert torch.equal(state[-1], S[-1])  # accepted = -1: untouched
+    flushed = flush_pending(S.clone(), pend)
+    assert rel(flushed, rS) < 1e-6
+
+
+@pytest.mark.parametrize("kernel", ["fma", "dot"])
+def test_both_kernels_fold_the_same_commit(kernel):
+    """Force each kernel on a window both can take (T = 7), pending from per-request random trees."""
+    gen = torch.Generator().manual_seed(3)
+    B, H, HV, K, V, T = 3, 1, 2, 16, 20, 7
+    S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(DEVICE)
+    prev = torch.tensor([random_parents(9, gen) for _ in range(B)], dtype=torch.int32, device=DEVICE)
+    new = torch.tensor([random_parents(T, gen) for _ in range(B)], dtype=torch.int32, device=DEVICE)
+    w0, w1 = window(B, 9, H, HV, K, V, gen), window(B, T, H, HV, K, V, gen)
+    _, u0 = tree_verify(*w0, S, prev)
+    acc = torch.tensor([8, 0, 5], dtype=torch.int32, device=DEVICE)
+    ro, ru, rS = naive_tree_step(*[x.double() for x in w1], S.double(), new,
+                                 pending=PendingCommit(u0.double(), w0[1].double(), w0[3].double(), prev, acc))
+    state = S.clone()
+    o, u = tree_verify_fwd(*w1, state, new, T, K ** -0.5, pending=PendingCommit(u0, w0[1], w0[3], prev, acc),
+                           kernel=kernel)
+    assert rel(state, rS) < 1e-6 and rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5
+
+
+def test_bf16_state_and_l2norm_in_kernel():
+    gen = torch.Generator().manual_seed(5)
+    B, H, HV, K, V = 2, 1, 2, 16, 16
+    tree = DraftTree.from_widths((2, 1))
+    S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(DEVICE, torch.bfloat16)
+    w0, w1 = window(B, 5, H, HV, K, V, gen), window(B, 5, H, HV, K, V, gen)
+    w0[1], w1[1] = w0[1] * 3, w1[1] * 3  # unnormalized keys, normalized in the kernel
+    _, u0 = tree_verify(*w0, S, tree, use_qk_l2norm_in_kernel=True)
+    pend = PendingCommit(u0, w0[1], w0[3], tree, torch.tensor([4, 2]), use_qk_l2norm_in_kernel=True)
+    state = S.clone()
+    o, u = tree_verify(*w1, state, tree, use_qk_l2norm_in_kernel=True, pending=pend)
+    ref = naive_flush(S.float(), pend)
+    assert state.dtype == torch.bfloat16 and rel(state, ref) < 8e-3
+    # verified from exactly the stored (rounded) state
+    qn, kn = F.normalize(w1[0], dim=-1), F.normalize(w1[1], dim=-1)
+    ro, ru = tree_verify(qn, kn, *w1[2:], state.float(), tree)
+    assert rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5
+
+
+def test_two_hundred_folded_steps_follow_the_recurrence():
+    """Random trees and accepted nodes every step; the kernel state (flushed copy) and outputs track the
+    fp64 recurrence run step by step, with no drift."""
+    gen = torch.Generator().manual_seed(11)
+    B, H, HV, K, V = 2, 1, 1, 16, 16
+    S_ref = torch.randn(B, HV, V, K, generator=gen, dtype=torch.float64) * 0.3
+    state = S_ref.float().to(DEVICE)
+    pend, worst_state, worst_out = None, 0.0, 0.0
+    for step in range(200):
+        T = int(torch.randint(1, 7, (1,), generator=gen)) if step % 8 else 17 + step % 3  # T > 16: dot kernel
+        par = torch.tensor([random_parents(T, gen) for _ in range(B)], dtype=torch.int32)
+        w = window(B, T, H, HV, K, V, gen)
+        o, u = tree_verify(*w, state, par, pending=pend)
+        ro, states = naive_tree_recurrent(*[x.double().cpu() for x in w], S_ref, par)
+        worst_out = max(worst_out, rel(o, ro))
+        acc = torch.randint(0, T, (B,), generator=gen)
+        S_ref = states[torch.arange(B), acc]
+        pend = PendingCommit(u, w[1], w[3], par.to(DEVICE), acc.to(DEVICE, torch.int32))
+        if step % 20 == 19:
+            worst_state = max(worst_state, rel(flush_pending(state.clone(), pend), S_ref))
+    assert worst_state < 1e-5 and worst_out < 1e-5, (worst_state, worst_out)
+
+
+def test_flush_at_any_point_gives_the_eager_commit_state():
+    """Deferred (fold each commit into the next verify) vs eager (verify, then tree_commit) over 8 steps,
+    flushing a copy of the deferred state after every step: same states, same outputs."""
+    gen = torch.Generator().manual_seed(13)
+    B, H, HV, K, V = 2, 1, 2, 16, 24
+    S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(DEVICE)
+    eager, deferred, pend = S.clone(), S.clone(), None
+    for step in range(8):
+        tree = DraftTree.from_widths((2, 2)) if step % 2 else DraftTree.chain(3)
+        w = window(B, tree.num_nodes, H, HV, K, V, gen)
+        eo, eu = tree_verify(*w, eager, tree)
+        do, du = tree_verify(*w, deferred, tree, pending=pend)
+        assert rel(do, eo) < 1e-6 and rel(du, eu) < 1e-6
+        acc = torch.randint(0, tree.num_nodes, (B,), generator=gen)
+        tree_commit(eager, eu, w[1], w[3], tree, acc)
+        pend = PendingCommit(du, w[1], w[3], tree, acc)
+        assert rel(flush_pending(deferred.clone(), pend), eager) < 1e-6
+        if step == 4:  # flush for real midway and carry on without a pending commit
+            flush_pending(deferred, pend)
+            pend = None
+
+
+def test_rejects_bad_pending():
+    gen = torch.Generator().manual_seed(1)
+    tree = DraftTree.chain(2)
+    B, H, HV, K, V = 2, 1, 2, 16, 16
+    S = torch.zeros(B, HV, V, K, device=DEVICE)
+    w = window(B, 3, H, HV, K, V, gen)
+    u = torch.zeros(B, 3, HV, V, device=DEVICE)
+    with pytest.raises(ValueError, match="PendingCommit"):
+        tree_verify(*w, S, tree, pending=(u, w[1], w[3], tree, [0, 0]))
+    with pytest.raises(ValueError, match="pending.u"):
+        tree_verify(*w, S, tree, pending=PendingCommit(u[:, :, :1], w[1], w[3], tree, torch.tensor([0, 0])))
+    with pytest.raises(ValueError, match="pending.u has dtype"):
+        tree_verify(*w, S, tree, pending=PendingCommit(u.double(), w[1], w[3], tree, torch.tensor([0, 0])))
+    with pytest.raises(ValueError, match="accepted"):
+        tree_verify(*w, S, tree, pending=PendingCommit(u, w[1], w[3], tree, torch.tensor([3, 0])))
+    with pytest.raises(ValueError, match="pending.g has positive"):
+        tree_verify(*w, S, tree, pending=PendingCommit(u, w[1], w[3].abs() + 0.1, tree, torch.tensor([0, 0])))
+    bad = u.clone()
+    bad[0, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="pending.u holds 1 NaN"):
+        tree_verify(*w, S, tree, pending=PendingCommit(bad, w[1], w[3], tree, torch.tensor([0, 0])))
+    with pytest.raises(ValueError, match="parents"):
+        tree_verify(*w, S, tree, pending=PendingCommit(u, w[1], w[3], [-1, 0, 3], torch.tensor([0, 0])))
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_of_folded_step_matches_eager():
+    tree = DraftTree.from_widths((3, 3, 3))
+    B, T, H, HV, K, V = 4, tree.num_nodes, 16, 32, 128, 128
+    gen = torch.Generator().manual_seed(1)
+    par = tree.parents.to("cuda", torch.int32)
+    w0 = window(B, T, H, HV, K, V, gen)
+    S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).cuda()
+    _, u0 = tree_verify(*w0, S, par)
+    static = window(B, T, H, HV, K, V, gen)
+    acc = torch.zeros(B, dtype=torch.int32, device="cuda")
+    pend = PendingCommit(u0, w0[1], w0[3], par, acc)
+    state = S.clone()
+    tree_verify(*static, state.clone(), par, pending=pend)  # compile and autotune outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, u = tree_verify(*static, state, par, pending=pend)
+    for seed in (2, 3):
+        new = window(B, T, H, HV, K, V, torch.Generator().manual_seed(seed))
+        a = torch.randint(0, T, (B,), dtype=torch.int32, device="cuda")
+        for dst, src in zip(static, new):
+            dst.copy_(src)
+        state.copy_(S)
+        acc.copy_(a)
+        graph.replay()
+        es = S.clone()
+        eo, eu = tree_verify(*new, es, par, pending=PendingCommit(u0, w0[1], w0[3], par, a))
+        torch.cuda.synchronize()
+        assert torch.equal(o, eo) and torch.equal(u, eu) and torch.equal(state, es)
