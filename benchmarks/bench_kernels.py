@@ -1,19 +1,24 @@
-"""Benchmark of one GDN layer's verify step: TreeWY (verify + commit) vs store-all (verify + select) vs fla.
+"""The kernel performance targets, measured in one run: TreeWY (commit folded into verify) vs store-all vs fla.
 
-    python benchmarks/bench_kernels.py --out DIR [--models 35B-A3B 397B-A17B] [--batches 1 8 64 256]
+    python benchmarks/bench_kernels.py --out DIR [--table] [--drift-steps 200]
 
-Shapes of Qwen3.5-35B-A3B (H = 16, HV = 32, K = V = 128) and 397B-A17B (HV = 64); bf16 q, k, v,
-fp32 g, beta and state; chains k = 1..7 and the paper's tree shapes. fla-core's
-fused_recurrent_gated_delta_rule runs the chains only (it keeps no rollback copies: the floor
-among existing kernels). Times are medians of CUDA-graph replays (triton.testing.do_bench_cudagraph).
-``gbps`` is the step's minimal traffic (state read once and written once, inputs read, outputs
-written) over the measured time; ``roofline_us`` is that traffic at the 4.27 TB/s copy bandwidth
-measured on the H200. ``state_bytes_per_request`` is the GDN state a request holds per layer
-(store-all: one snapshot per node; TreeWY and fla: one state); store-all's select is taken to
-be free (engines update a slot index), so its row times the verify kernel alone; ``fits`` says whether that state
-for all GDN layers of the model (30 or 45) at this batch fits in the GPU's memory (weights and KV
-cache ignored). Store-all is timed only where its snapshots fit on the device for one layer.
-Prints a table and writes DIR/kernels_<device>_<date>.json and .txt.
+One GDN layer per step; bf16 q, k, v; fp32 g, beta; fp32 state unless said; Qwen3.5-35B-A3B shapes
+(H = 16, HV = 32, K = V = 128) unless said; medians of CUDA-graph replays. ``roofline`` is the
+step's minimal traffic (treewy.ops.benchmark.min_bytes) at the H200's 4.27 TB/s copy bandwidth;
+``frac`` is roofline time over measured time. The six targets:
+
+1. chain k = 3 (T = 4), B = 256: TreeWY step <= 300 us.
+2. same run: >= 1.6x faster than fla-core's fused_recurrent over the same 4 tokens, >= 2.5x faster
+   than store-all at T = 4; store-all within 10 % of fla at T = 1.
+3. (3,3,3) (T = 40), B = 256: <= 1.6x the chain step, one launch; store-all's snapshot memory at
+   B = 256 and its time at the largest batch whose snapshots fit (all GDN layers, device memory).
+4. B = 1: chain k = 3 <= 10 us, (3,3,3) <= 15 us.
+5. bf16 state, chain k = 3, B = 256 <= 160 us; 397B-A17B shapes (HV = 64) within 10 % of the 35B
+   roofline fraction.
+6. after 200 folded steps at the model's shapes (B = 4, random paper trees and chains), the
+   committed state within 1e-5 relative of the fp64 recurrence.
+
+Writes DIR/targets_<device>_<date>.txt and .json (and, with --table, the full chain/tree table).
 """
 
 from __future__ import annotations
@@ -26,53 +31,143 @@ from pathlib import Path
 
 import torch
 
-from treewy.ops.benchmark import COPY_BW, MODELS, run_case, trees
+from treewy.ops.benchmark import COPY_BW, MODELS, run_case, state_bytes, trees
+from treewy.tree import DraftTree
+
+CHAIN3 = ((1, 1, 1), DraftTree.chain(3))
+TREE333 = ((3, 3, 3), DraftTree.from_widths((3, 3, 3)))
+DECODE = ((), DraftTree.chain(0))
 
 
-def fmt_table(rows):
-    head = f"{'model':10s} {'tree':12s} {'T':>3s} {'B':>4s} {'provider':9s} {'us':>9s} {'GB/s':>7s} " \
-           f"{'roof us':>8s} {'MiB/req':>8s} fits"
-    out = [head, "-" * len(head)]
-    for r in rows:
+def target(name, measured, bar, ok, unit=""):
+    return {"target": name, "measured": measured, "bar": bar, "ok": bool(ok), "unit": unit}
+
+
+def measure(args, log):
+    total = torch.cuda.get_device_properties(0).total_memory
+    m35, m397 = MODELS["35B-A3B"], MODELS["397B-A17B"]
+    fp32, bf16 = torch.float32, torch.bfloat16
+    rows = {}
+
+    def case(key, provider, model, tree, B, state_dtype=fp32, **kw):
+        name, t = tree
+        log(f"{key}")
+        rows[key] = run_case(provider, model, MODELS[model], name, t, B, state_dtype, total, **kw)
+        torch.cuda.empty_cache()
+        return rows[key]["us"]
+
+    tw = case("treewy chain3 B256", "treewy", "35B-A3B", CHAIN3, 256)
+    case("treewy_eager chain3 B256", "treewy_eager", "35B-A3B", CHAIN3, 256)
+    fla4 = case("fla chain3 B256", "fla", "35B-A3B", CHAIN3, 256)
+    sa4 = case("store_all chain3 B256", "store_all", "35B-A3B", CHAIN3, 256)
+    sa1 = case("store_all T1 B256", "store_all", "35B-A3B", DECODE, 256)
+    fla1 = case("fla T1 B256", "fla", "35B-A3B", DECODE, 256)
+    case("treewy T1 B256", "treewy", "35B-A3B", DECODE, 256)
+    tt = case("treewy 333 B256", "treewy", "35B-A3B", TREE333, 256)
+    case("treewy 333 B256 tf32", "treewy", "35B-A3B", TREE333, 256, dot_precision="tf32")
+    snap = state_bytes("store_all", TREE333[1], m35["HV"], m35["K"], m35["V"], fp32)
+    b_fit = max(1, int(total // (snap * m35["layers"])))
+    sa333 = case(f"store_all 333 B{b_fit}", "store_all", "35B-A3B", TREE333, b_fit)
+    tw_fit = case(f"treewy 333 B{b_fit}", "treewy", "35B-A3B", TREE333, b_fit)
+    t1c = case("treewy chain3 B1", "treewy", "35B-A3B", CHAIN3, 1)
+    t1t = case("treewy 333 B1", "treewy", "35B-A3B", TREE333, 1)
+    case("treewy (2,2,2) B256 fma", "treewy", "35B-A3B", (((2, 2, 2)), DraftTree.from_widths((2, 2, 2))), 256, kernel="fma")
+    case("treewy (2,2,2) B256 dot", "treewy", "35B-A3B", (((2, 2, 2)), DraftTree.from_widths((2, 2, 2))), 256, kernel="dot")
+    tb = case("treewy chain3 B256 bf16 state", "treewy", "35B-A3B", CHAIN3, 256, bf16)
+    t397 = case("treewy chain3 B256 397B", "treewy", "397B-A17B", CHAIN3, 256)
+
+    log("drift: 200 folded steps")
+    from treewy.ops.parity import folded_drift
+
+    shapes = [DraftTree.chain(k) for k in (1, 3, 5)] + [DraftTree.from_widths(w) for w in ((2, 2, 2), (3, 3, 3))]
+    drift = {p: folded_drift(args.drift_steps, B=4, H=m35["H"], HV=m35["HV"], K=128, V=128, trees=shapes,
+                             device="cuda", input_dtype=bf16, dot_precision=p)
+             for p in ("tf32x3", "tf32")}
+
+    r = rows
+    f35 = r["treewy chain3 B256"]["roofline_fraction"]
+    f397 = r["treewy chain3 B256 397B"]["roofline_fraction"]
+    targets = [
+        target("1 chain k=3, B=256: TreeWY step (us)", tw, "<= 300", tw <= 300, "us"),
+        target("1 ... its roofline fraction", f35, ">= 0.84", f35 >= 0.84),
+        target("2 fla fused_recurrent T=4 / TreeWY", fla4 / tw, ">= 1.6", fla4 / tw >= 1.6, "x"),
+        target("2 store-all T=4 / TreeWY", sa4 / tw, ">= 2.5", sa4 / tw >= 2.5, "x"),
+        target("2 store-all T=1 / fla T=1", sa1 / fla1, "<= 1.10", sa1 / fla1 <= 1.10, "x"),
+        target("3 (3,3,3) B=256 / chain k=3 B=256", tt / tw, "<= 1.6", tt / tw <= 1.6, "x"),
+        target("3 store-all (3,3,3) snapshots at B=256, all layers (GiB)",
+               snap * 256 * m35["layers"] / 2**30, f"device {total / 2**30:.0f}", True, "GiB"),
+        target(f"3 store-all (3,3,3) at B={b_fit} (largest that fits) / TreeWY", sa333 / tw_fit, "report",
+               True, "x"),
+        target("4 B=1 chain k=3 (us)", t1c, "<= 10", t1c <= 10, "us"),
+        target("4 B=1 (3,3,3) (us)", t1t, "<= 15", t1t <= 15, "us"),
+        target("5 bf16 state chain k=3 B=256 (us)", tb, "<= 160", tb <= 160, "us"),
+        target("5 397B roofline fraction / 35B", f397 / f35, ">= 0.90", f397 / f35 >= 0.90, "x"),
+        target("6 state error after 200 folded steps (tf32x3)", drift["tf32x3"]["state_err"], "<= 1e-5",
+               drift["tf32x3"]["state_err"] <= 1e-5),
+        target("6 ... same with plain tf32 dot products (for the record)", drift["tf32"]["state_err"], "report",
+               True),
+    ]
+    return targets, rows, drift, b_fit
+
+
+def fmt(targets, rows):
+    lines = [f"{'target':62s} {'measured':>11s}  {'bar':>10s}  result", "-" * 96]
+    for t in targets:
+        m = t["measured"]
+        ms = f"{m:11.3g}" if (abs(m) < 1e-2 or abs(m) >= 1e4) else f"{m:11.2f}"
+        res = "report" if t["bar"].startswith(("report", "device")) else ("PASS" if t["ok"] else "FAIL")
+        lines.append(f"{t['target']:62s} {ms}  {t['bar']:>10s}  {res}")
+    lines += ["", f"{'case':34s} {'us':>9s} {'GB/s':>7s} {'roof us':>8s} {'frac':>5s}  MiB/req", "-" * 80]
+    for key, r in rows.items():
         us = f"{r['us']:9.1f}" if r["us"] is not None else f"{'-':>9s}"
         gb = f"{r['gbps']:7.0f}" if r["gbps"] is not None else f"{'-':>7s}"
-        out.append(f"{r['model']:10s} {r['tree']:12s} {r['num_nodes']:3d} {r['B']:4d} {r['provider']:9s} {us} {gb} "
-                   f"{r['roofline_us']:8.1f} {r['state_bytes_per_request'] / 2**20:8.1f} {r['fits']}")
-    return "\n".join(out)
+        fr = f"{r['roofline_fraction']:5.2f}" if r.get("roofline_fraction") else f"{'-':>5s}"
+        lines.append(f"{key:34s} {us} {gb} {r['roofline_us']:8.1f} {fr}  {r['state_bytes_per_request'] / 2**20:7.1f}"
+                     + (f"  ({r['note']})" if r.get("note") else ""))
+    return "\n".join(lines)
+
+
+def full_table(log):
+    """Every chain and tree shape at B = 1, 8, 64, 256 for the three providers (35B shapes)."""
+    total = torch.cuda.get_device_properties(0).total_memory
+    out = []
+    for B in (1, 8, 64, 256):
+        for name, t in trees():
+            for p in ("treewy", "store_all", "fla"):
+                if p == "fla" and not set(name) <= {1}:
+                    continue
+                log(f"table {p} {name} B={B}")
+                out.append(run_case(p, "35B-A3B", MODELS["35B-A3B"], name, t, B, torch.float32, total))
+                torch.cuda.empty_cache()
+    return out
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--models", nargs="+", default=list(MODELS))
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
-    ap.add_argument("--providers", nargs="+", default=["treewy", "store_all", "fla"])
-    ap.add_argument("--state-dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--drift-steps", type=int, default=200)
+    ap.add_argument("--table", action="store_true", help="also time every chain and tree shape at B = 1..256")
     args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_kernels.py needs a CUDA GPU (timings of the Triton kernels)")
     import triton
-    from tqdm import tqdm
 
     args.out.mkdir(parents=True, exist_ok=True)
-    state_dtype = getattr(torch, args.state_dtype)
-    total_mem = torch.cuda.get_device_properties(0).total_memory
-    dev = torch.cuda.get_device_name()
-    jobs = [(p, m, n, t, B) for m in args.models for B in args.batches for n, t in trees()
-            for p in args.providers if not (p == "fla" and not set(n) <= {1})]
-    rows = []
     t0 = time.time()
-    for p, m, n, t, B in tqdm(jobs, desc="bench"):
-        rows.append(run_case(p, m, MODELS[m], n, t, B, state_dtype, total_mem))
-        torch.cuda.empty_cache()
-    date = str(datetime.date.today())
-    tag = dev.split()[-1].lower() if dev else "gpu"
-    meta = dict(device=dev, date=date, torch=torch.__version__, triton=triton.__version__,
-                copy_bandwidth_tbps=COPY_BW / 1e12, seconds=round(time.time() - t0), rows=rows)
-    table = fmt_table(rows)
-    (args.out / f"kernels_{tag}_{date}.json").write_text(json.dumps(meta, indent=1))
-    (args.out / f"kernels_{tag}_{date}.txt").write_text(
-        f"{dev}, {date}, torch {torch.__version__}, triton {triton.__version__}; one GDN layer, bf16 inputs, "
-        f"{args.state_dtype} state; median of CUDA-graph replays\n" + table + "\n")
-    print(table)
+    log = lambda msg: print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)  # noqa: E731
+    targets, rows, drift, b_fit = measure(args, log)
+    table = full_table(log) if args.table else None
+    dev, date = torch.cuda.get_device_name(), str(datetime.date.today())
+    tag = dev.split()[-1].lower()
+    head = (f"{dev}, {date}, torch {torch.__version__}, triton {triton.__version__}; one GDN layer per step, "
+            f"bf16 inputs, fp32 state unless said, medians of CUDA-graph replays; copy bandwidth "
+            f"{COPY_BW / 1e12:.2f} TB/s")
+    text = head + "\n\n" + fmt(targets, rows) + "\n"
+    print(text)
+    (args.out / f"targets_{tag}_{date}.txt").write_text(text)
+    (args.out / f"targets_{tag}_{date}.json").write_text(json.dumps(
+        dict(device=dev, date=date, torch=torch.__version__, triton=triton.__version__, seconds=round(time.time() - t0),
+             targets=targets, rows=rows, drift=drift, store_all_fit_batch=b_fit, table=table), indent=1, default=str))
 
 
 if __name__ == "__main__":

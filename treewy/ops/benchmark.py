@@ -1,10 +1,16 @@
-"""One GDN layer's verify step timed on a GPU: TreeWY (verify + commit), store-all (verify; select is an
-index update) and fla-core's fused_recurrent (chains only). Shared by benchmarks/bench_kernels.py and
-the lab's timing panel. GPU only: every function here allocates on "cuda".
+"""One GDN layer's verify step timed on a GPU. Shared by benchmarks/bench_kernels.py and the lab's timing panel.
+GPU only: every function here allocates on "cuda".
 
-``gbps`` is the step's minimal traffic (state read once and written once, inputs read, outputs
-written) over the measured time; ``roofline_us`` is that traffic at the copy bandwidth measured on
-an H200 (4.27 TB/s, read + write).
+Providers:
+- ``treewy``: one launch, the previous step's commit folded into this verify (``pending``): what an
+  engine runs every step. ``treewy_eager``: verify, then ``tree_commit`` (two launches).
+- ``store_all``: verify writing a snapshot per node (commit is a slot-index update, free).
+- ``fla``: fla-core's fused_recurrent over the window as a sequence (chains only; no rollback at all).
+
+``min_bytes`` is the traffic a step must move: the state read once and written once, the window's
+inputs read, o and u written, and for TreeWY the pending path's u and k read. ``gbps`` is that over
+the measured time; ``roofline_us`` is that traffic at the copy bandwidth measured on an H200
+(4.27 TB/s, read + write).
 """
 
 from __future__ import annotations
@@ -12,9 +18,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from treewy.ops.pending import PendingCommit
 from treewy.ops.store_all import store_all_verify_fwd
 from treewy.ops.tree_commit import tree_commit_fwd
-from treewy.ops.tree_verify import DEFAULT_DOT_PRECISION, tree_verify_fwd
+from treewy.ops.tree_verify import tree_verify_fwd
 from treewy.paper import SHAPES
 from treewy.tree import DraftTree
 
@@ -25,11 +32,13 @@ MODELS = {"35B-A3B": dict(H=16, HV=32, K=128, V=128, layers=30),
 
 def trees():
     """(name, tree): T = 1, chains k = 1..7 and the paper's tree shapes beyond the depth-3 chain."""
-    return [((), DraftTree.chain(0))] + [((1,) * k, DraftTree.chain(k)) for k in range(1, 8)] + [(w, DraftTree.from_widths(w)) for w in SHAPES[1:]]
+    return ([((), DraftTree.chain(0))] + [((1,) * k, DraftTree.chain(k)) for k in range(1, 8)]
+            + [(w, DraftTree.from_widths(w)) for w in SHAPES[1:]])
 
 
-def make(B, T, H, HV, K, V, state_dtype):
-    gen = torch.Generator(device="cuda").manual_seed(B * 1000 + T)
+def make(B, T, H, HV, K, V, state_dtype, seed=0):
+    """bf16 q, k (unit keys), v; fp32 g, beta; the state [B, HV, V, K] in ``state_dtype``."""
+    gen = torch.Generator(device="cuda").manual_seed(B * 1000 + T + seed)
     r = lambda *s: torch.randn(*s, generator=gen, device="cuda")  # noqa: E731
     q = r(B, T, H, K).bfloat16()
     k = F.normalize(r(B, T, H, K), dim=-1).bfloat16()
@@ -40,10 +49,26 @@ def make(B, T, H, HV, K, V, state_dtype):
     return q, k, v, g, beta, h0
 
 
-def min_bytes(B, T, H, HV, K, V, sb):
+def previous_window(x, tree, seed=1):
+    """A pending commit from a previous window of the same tree: its u, k, g and a random accepted node."""
+    q, k, v, g, beta, h0 = x
+    B, T = q.shape[:2]
+    par = tree.parents.to("cuda", torch.int32)
+    _, u = tree_verify_fwd(q, k, v, g, beta, h0.clone(), par, 0, q.shape[-1] ** -0.5)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    acc = torch.randint(0, T, (B,), generator=gen, device="cuda", dtype=torch.int32)
+    return PendingCommit(u, k, g, par, acc)
+
+
+def min_bytes(provider, tree, B, H, HV, K, V, sb):
+    T = tree.num_nodes
     state = B * HV * V * K * sb * 2
     ins = B * T * (2 * H * K * 2 + HV * V * 2 + 2 * HV * 4)
     out = B * T * HV * V * 2
+    if provider in ("treewy", "treewy_eager"):
+        path = tree.max_depth + 1
+        out += B * T * HV * V * 4                          # u, fp32
+        ins += B * path * (HV * V * 4 + H * K * 2 + HV * 4)  # the pending path's u, k, g
     return state + ins + out
 
 
@@ -55,51 +80,65 @@ def bench(fn):
     return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median")
 
 
-def run_case(provider, model, dims, tree_name, tree, B, state_dtype, total_mem):
+def state_bytes(provider, tree, HV, K, V, state_dtype):
+    """GDN state a request holds per layer: one block, or one snapshot per node for store-all."""
+    sb = torch.tensor([], dtype=state_dtype).element_size()
+    return HV * V * K * sb * (tree.num_nodes if provider == "store_all" else 1)
+
+
+def step_fn(provider, x, tree, *, kernel=None, dot_precision=None):
+    """A zero-argument callable running one step of ``provider`` on the inputs ``x`` (see make)."""
+    q, k, v, g, beta, state = x
+    B, T = q.shape[:2]
+    par = tree.parents.to("cuda", torch.int32)
+    scale = q.shape[-1] ** -0.5
+    if provider == "treewy":
+        pend = previous_window(x, tree)
+        return lambda: tree_verify_fwd(q, k, v, g, beta, state, par, 0, scale, pending=pend, kernel=kernel,
+                                       dot_precision=dot_precision)
+    if provider == "treewy_eager":
+        acc = torch.randint(0, T, (B,), device="cuda", dtype=torch.int32)
+
+        def eager():
+            _, u = tree_verify_fwd(q, k, v, g, beta, state, par, 0, scale, kernel=kernel, dot_precision=dot_precision)
+            tree_commit_fwd(state, u, k, g, par, 0, acc)
+        return eager
+    if provider == "store_all":
+        states = torch.empty(B, T, *state.shape[1:], device="cuda", dtype=state.dtype)
+        return lambda: store_all_verify_fwd(q, k, v, g, beta, state, par, 0, scale, states=states)
+    if provider == "fla":
+        from fla.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule_fwd
+
+        return lambda: fused_recurrent_gated_delta_rule_fwd(q=q, k=k, v=v, g=g, beta=beta, scale=scale,
+                                                            initial_state=state, output_final_state=True,
+                                                            state_v_first=True)
+    raise ValueError(f"provider = {provider!r}: expected treewy, treewy_eager, store_all or fla")
+
+
+def run_case(provider, model, dims, tree_name, tree, B, state_dtype, total_mem, **kw):
+    """One timed row (dict). Store-all is skipped where one layer's snapshots do not fit on the device."""
     H, HV, K, V = dims["H"], dims["HV"], dims["K"], dims["V"]
     T = tree.num_nodes
     sb = torch.tensor([], dtype=state_dtype).element_size()
-    block = HV * V * K * sb
-    held = block * (T if provider == "store_all" else 1)
-    row = dict(provider=provider, model=model, tree=str(tree_name) if tree_name else "chain 0 (T = 1)", num_nodes=T, B=B, H=H, HV=HV, K=K, V=V,
-               state_dtype=str(state_dtype).removeprefix("torch."), state_bytes_per_request=held,
-               fits=bool(held * B * dims["layers"] <= total_mem), us=None, gbps=None)
-    nbytes = min_bytes(B, T, H, HV, K, V, sb)
+    held = state_bytes(provider, tree, HV, K, V, state_dtype)
+    row = dict(provider=provider, model=model, tree=str(tree_name) if tree_name else "chain 0 (T = 1)", num_nodes=T,
+               B=B, H=H, HV=HV, K=K, V=V, state_dtype=str(state_dtype).removeprefix("torch."),
+               state_bytes_per_request=held, fits=bool(held * B * dims["layers"] <= total_mem), us=None, gbps=None,
+               **{k: v for k, v in kw.items() if v is not None})
+    nbytes = min_bytes(provider, tree, B, H, HV, K, V, sb)
     row["roofline_us"] = nbytes / COPY_BW * 1e6
-    x = make(B, T, H, HV, K, V, state_dtype)
-    par = tree.parents.cuda()
-    scale = K ** -0.5
-    acc = torch.randint(0, T, (B,), device="cuda", dtype=torch.int32)
-    if provider == "treewy":
-        state = x[5]
-        row["precision"] = DEFAULT_DOT_PRECISION
-
-        def fn():
-            o, u = tree_verify_fwd(*x[:5], state, par, 0, scale)
-            tree_commit_fwd(state, u, x[1], x[3], par, 0, acc)
-    elif provider == "store_all":
-        free = torch.cuda.mem_get_info()[0]
-        if B * T * block * 1.1 > free:
-            row["note"] = "snapshots do not fit on the device for one layer"
-            return row
-        states = torch.empty(B, T, HV, V, K, device="cuda", dtype=state_dtype)
-        state = x[5]
-        row["note"] = "select = an index update (no copy), as engines do"
-
-        def fn():
-            store_all_verify_fwd(*x[:5], state, par, 0, scale, states=states)
-    else:
+    if provider == "store_all" and B * held * 1.1 > torch.cuda.mem_get_info()[0]:
+        row["note"] = "snapshots do not fit on the device for one layer"
+        return row
+    if provider == "fla":
         try:
-            from fla.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule_fwd
+            import fla  # noqa: F401
         except Exception as e:  # noqa: BLE001
             row["note"] = f"fla-core not importable: {e!r}"
             return row
-
-        def fn():
-            fused_recurrent_gated_delta_rule_fwd(q=x[0], k=x[1], v=x[2], g=x[3], beta=x[4], scale=scale,
-                                                 initial_state=x[5], output_final_state=True,
-                                                 state_v_first=True)
+    fn = step_fn(provider, make(B, T, H, HV, K, V, state_dtype), tree, **kw)
     us = bench(fn)
     row["us"] = us
     row["gbps"] = nbytes / (us * 1e-6) / 1e9
+    row["roofline_fraction"] = row["roofline_us"] / us
     return row

@@ -122,3 +122,48 @@ def node_errors(tree: DraftTree, B: int = 2, H: int = 2, HV: int = 4, K: int = 1
                      "o_tol": FP32_TOL if low is None else 2 * rel_err(low[0][:, a], ro[:, a]),
                      "state_tol": FP32_TOL if low is None else 2 * rel_err(low[1][:, a], rstates[:, a])})
     return rows
+
+
+def folded_drift(steps: int = 200, B: int = 2, H: int = 1, HV: int = 1, K: int = 16, V: int = 16, *,
+                 trees=None, device=None, seed: int = 11, check_every: int = 20, dot_precision=None,
+                 input_dtype=torch.float32, progress=None) -> dict:
+    """Run ``steps`` verify steps with each commit folded into the next verify (random trees, random
+    accepted nodes) beside the fp64 recurrence run step by step from the same start.
+
+    trees: a list of DraftTrees drawn from at random each step (default: random topologies of 1-6
+    nodes, and 17-19 every eighth step so both kernels run). Returns {"state_err": worst relative
+    RMS error of the flushed state against the recurrence over the checkpoints, "final_state_err",
+    "out_err": worst output error, "steps"}. ``progress``: optional callable(step) for a status line.
+    """
+    from treewy.ops import PendingCommit, flush_pending, naive_tree_recurrent
+    from treewy.ops.tree_verify import tree_verify_fwd
+
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    gen = torch.Generator().manual_seed(seed)
+    S_ref = torch.randn(B, HV, V, K, generator=gen, dtype=torch.float64).to(device) * 0.3
+    state = S_ref.float()
+    pend, worst_state, worst_out, final = None, 0.0, 0.0, None
+    for step in range(steps):
+        if trees is None:
+            T = int(torch.randint(1, 7, (1,), generator=gen)) if step % 8 else 17 + step % 3
+            tree = torch.tensor([random_tree(T, gen).parents.tolist() for _ in range(B)], dtype=torch.int32)
+        else:
+            tree = trees[int(torch.randint(0, len(trees), (1,), generator=gen))].parents.to(torch.int32)
+        T = tree.shape[-1]
+        x = random_gdn_inputs(tree, B=B, H=H, HV=HV, K=K, V=V, seed=int(torch.randint(0, 2**31, (1,), generator=gen)),
+                              device=device, g_min=-1.0)
+        q, k, v, g, beta = (t.to(input_dtype) for t in (x.q, x.k, x.v, x.g, x.beta))
+        par = tree.to(device)
+        o, u = tree_verify_fwd(q, k, v, g, beta, state, par, 0 if par.ndim == 1 else T, K ** -0.5, pending=pend,
+                               dot_precision=dot_precision)
+        ro, states = naive_tree_recurrent(q.double(), k.double(), v.double(), g.double(), beta.double(), S_ref, par)
+        worst_out = max(worst_out, rel_err(o, ro))
+        acc = torch.randint(0, T, (B,), generator=gen)
+        S_ref = states[torch.arange(B, device=device), acc.to(device)]
+        pend = PendingCommit(u, k, g, par, acc.to(device, torch.int32))
+        if step % check_every == check_every - 1 or step == steps - 1:
+            final = rel_err(flush_pending(state.clone(), pend), S_ref)
+            worst_state = max(worst_state, final)
+        if progress is not None:
+            progress(step)
+    return {"state_err": worst_state, "final_state_err": final, "out_err": worst_out, "steps": steps}
