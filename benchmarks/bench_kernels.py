@@ -51,38 +51,40 @@ def measure(args, log):
 
     def case(key, provider, model, tree, B, state_dtype=fp32, **kw):
         name, t = tree
-        log(f"{key}")
-        rows[key] = run_case(provider, model, MODELS[model], name, t, B, state_dtype, total, **kw)
+        r = rows[key] = run_case(provider, model, MODELS[model], name, t, B, state_dtype, total, **kw)
         torch.cuda.empty_cache()
-        return rows[key]["us"]
+        log(f"{key:34s} " + (f"{r['us']:9.1f} us  {r['gbps']:6.0f} GB/s  roofline {r['roofline_us']:.1f} us"
+                             if r["us"] is not None else r.get("note", "")))
+        return r["us"]
 
     tw = case("treewy chain3 B256", "treewy", "35B-A3B", CHAIN3, 256)
-    case("treewy_eager chain3 B256", "treewy_eager", "35B-A3B", CHAIN3, 256)
     fla4 = case("fla chain3 B256", "fla", "35B-A3B", CHAIN3, 256)
     sa4 = case("store_all chain3 B256", "store_all", "35B-A3B", CHAIN3, 256)
     sa1 = case("store_all T1 B256", "store_all", "35B-A3B", DECODE, 256)
     fla1 = case("fla T1 B256", "fla", "35B-A3B", DECODE, 256)
-    case("treewy T1 B256", "treewy", "35B-A3B", DECODE, 256)
     tt = case("treewy 333 B256", "treewy", "35B-A3B", TREE333, 256)
-    case("treewy 333 B256 tf32", "treewy", "35B-A3B", TREE333, 256, dot_precision="tf32")
+    t1c = case("treewy chain3 B1", "treewy", "35B-A3B", CHAIN3, 1)
+    t1t = case("treewy 333 B1", "treewy", "35B-A3B", TREE333, 1)
+    tb = case("treewy chain3 B256 bf16 state", "treewy", "35B-A3B", CHAIN3, 256, bf16)
+    t397 = case("treewy chain3 B256 397B", "treewy", "397B-A17B", CHAIN3, 256)
     snap = state_bytes("store_all", TREE333[1], m35["HV"], m35["K"], m35["V"], fp32)
     b_fit = max(1, int(total // (snap * m35["layers"])))
     sa333 = case(f"store_all 333 B{b_fit}", "store_all", "35B-A3B", TREE333, b_fit)
     tw_fit = case(f"treewy 333 B{b_fit}", "treewy", "35B-A3B", TREE333, b_fit)
-    t1c = case("treewy chain3 B1", "treewy", "35B-A3B", CHAIN3, 1)
-    t1t = case("treewy 333 B1", "treewy", "35B-A3B", TREE333, 1)
-    case("treewy (2,2,2) B256 fma", "treewy", "35B-A3B", (((2, 2, 2)), DraftTree.from_widths((2, 2, 2))), 256, kernel="fma")
-    case("treewy (2,2,2) B256 dot", "treewy", "35B-A3B", (((2, 2, 2)), DraftTree.from_widths((2, 2, 2))), 256, kernel="dot")
-    tb = case("treewy chain3 B256 bf16 state", "treewy", "35B-A3B", CHAIN3, 256, bf16)
-    t397 = case("treewy chain3 B256 397B", "treewy", "397B-A17B", CHAIN3, 256)
+    case("treewy_eager chain3 B256", "treewy_eager", "35B-A3B", CHAIN3, 256)
+    case("treewy T1 B256", "treewy", "35B-A3B", DECODE, 256)
+    case("treewy (2,2,2) B256", "treewy", "35B-A3B", ((2, 2, 2), DraftTree.from_widths((2, 2, 2))), 256)
+    case("treewy 333 B256 tf32", "treewy", "35B-A3B", TREE333, 256, dot_precision="tf32")
 
     log("drift: 200 folded steps")
     from treewy.ops.parity import folded_drift
 
     shapes = [DraftTree.chain(k) for k in (1, 3, 5)] + [DraftTree.from_widths(w) for w in ((2, 2, 2), (3, 3, 3))]
-    drift = {p: folded_drift(args.drift_steps, B=4, H=m35["H"], HV=m35["HV"], K=128, V=128, trees=shapes,
-                             device="cuda", input_dtype=bf16, dot_precision=p)
-             for p in ("tf32x3", "tf32")}
+    drift = {}
+    for p in ("tf32x3", "tf32"):
+        drift[p] = folded_drift(args.drift_steps, B=4, H=m35["H"], HV=m35["HV"], K=128, V=128, trees=shapes,
+                                device="cuda", input_dtype=bf16, dot_precision=p)
+        log(f"drift {p}: {drift[p]}")
 
     r = rows
     f35 = r["treewy chain3 B256"]["roofline_fraction"]

@@ -12,7 +12,7 @@ in registers (exp(G_a) S0 + sum over the root..a path of exp(G_a - G_i) u_i k_i^
 once and verifies the new window from it: per step and head one state read, one state write.
 
 Two kernels, chosen by the padded window size BT = next_pow2(T):
-- ``tree_verify_fma_kernel`` (BT <= 16: chains and small trees): plain fp32 FMAs, no tensor
+- ``tree_verify_fma_kernel`` (BT <= 8: chains and small trees): plain fp32 FMAs, no tensor
   cores, no padding beyond BT. S k_t and S q_t are row reductions of the state tile; the system
   (I + M) U = R is solved by forward substitution (parents precede children, so M is strictly
   lower triangular), one row at a time, and o_t is finished as soon as u_t is known.
@@ -40,7 +40,7 @@ from treewy.ops.checks import check_gdn_kernel_inputs, check_pending
 MAX_KERNEL_NODES = 128
 
 #: Largest padded window handled by the FMA kernel; larger windows use tensor-core dot products.
-FMA_MAX_BT = 16
+FMA_MAX_BT = 8
 
 #: Dot-product precision of the dot kernel: "tf32x3" (three tf32 tensor-core passes, fp32-level
 #: error; the GPU default), "ieee" (plain fp32, slow at these shapes), "tf32" (fast, ~1e-4 error).
@@ -75,13 +75,13 @@ def _fma_configs():
     if INTERPRET:
         return [triton.Config({"BV": 16}, num_warps=4)]
     return [triton.Config({"BV": bv}, num_warps=w, num_stages=1)
-            for bv, w in ((8, 1), (8, 2), (16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8))]
+            for bv, w in ((8, 1), (16, 2), (32, 4), (64, 4), (64, 8))]
 
 
 def _dot_configs():
     if INTERPRET:
         return [triton.Config({"BV": 32}, num_warps=4)]
-    return [triton.Config({"BV": bv}, num_warps=w, num_stages=1) for bv in (16, 32, 64) for w in (4, 8)]
+    return [triton.Config({"BV": bv}, num_warps=w, num_stages=1) for bv, w in ((16, 4), (32, 4), (32, 8), (64, 8))]
 
 
 @triton.jit
