@@ -65,8 +65,8 @@ def _fit_v(configs, named_args, **kwargs):
 
 
 def _prune_dot(configs, named_args, **kwargs):
-    BT = {**named_args, **kwargs}["BT"]
-    out = [c for c in _fit_v(configs, named_args, **kwargs)
+    BT, K = ({**named_args, **kwargs}[n] for n in ("BT", "K"))
+    out = [c for c in _fit_v(configs, named_args, **kwargs) if c.kwargs["BK"] <= max(16, triton.next_power_of_2(K))
            if not (BT >= 64 and c.kwargs["BV"] >= 64) and not (BT >= 128 and (c.kwargs["BV"] > 16 or c.num_warps < 8))]
     return out or configs[:1]
 
@@ -80,23 +80,22 @@ def _fma_configs():
 
 def _dot_configs():
     if INTERPRET:
-        return [triton.Config({"BV": 32}, num_warps=4)]
-    return [triton.Config({"BV": bv}, num_warps=w, num_stages=1) for bv, w in ((16, 4), (32, 4), (32, 8), (64, 8))]
+        return [triton.Config({"BV": 32, "BK": 32}, num_warps=4)]
+    return [triton.Config({"BV": bv, "BK": bk}, num_warps=w, num_stages=1)
+            for bv, bk, w in ((16, 32, 4), (32, 32, 4), (32, 32, 8), (64, 32, 8), (32, 64, 8))]
 
 
 @triton.jit
-def _fold_pending(b_h, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, pg, ppar, pacc, stride_ppb, PT,
-                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BPT: tl.constexpr,
-                  PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """State tile [BV, BK] of the pending accepted node a, from the committed tile b_h; returns (tile, a).
+def _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT,
+                  HV: tl.constexpr, V: tl.constexpr, BPT: tl.constexpr):
+    """The pending accepted node a and its root..a path: (a, on-path mask [BPT], rows, G_a, w_i u_i [BPT, BV]).
 
-    The path root..a is found in registers (parents loaded once); G_i is the cumsum of g over the
-    path in index order (ancestors precede descendants), so the weights are exp(G_a - G_i).
+    The path is found in registers (parents loaded once); G_i is the cumsum of g over the path in
+    index order (ancestors precede descendants), so the weights are w_i = exp(G_a - G_i).
     """
     a = tl.load(pacc + i_b)
     o_p = tl.arange(0, BPT)
-    m_p = o_p < PT
-    b_par = tl.load(ppar + i_b64 * stride_ppb + o_p, mask=m_p, other=-1)
+    b_par = tl.load(ppar + i_b64 * stride_ppb + o_p, mask=o_p < PT, other=-1)
     on = o_p < 0
     cur = a
     while cur >= 0:
@@ -104,37 +103,48 @@ def _fold_pending(b_h, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, pg, pp
         cur = tl.sum(tl.where(o_p == cur, b_par, 0), 0)
     rows = i_b64 * PT + o_p
     b_gp = tl.load(pg + rows * HV + i_hv, mask=on, other=0).to(tl.float32)
-    b_G = tl.cumsum(b_gp, 0)
     b_C = tl.sum(b_gp, 0)
-    b_w = tl.where(on, tl.exp(b_C - b_G), 0.0)
+    b_w = tl.where(on, tl.exp(b_C - tl.cumsum(b_gp, 0)), 0.0)
     b_u = tl.load(pu + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=on[:, None] & m_v[None, :], other=0)
-    b_k = tl.load(pk + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=on[:, None] & m_k[None, :],
-                  other=0).to(tl.float32)
-    if PENDING_L2NORM:
-        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
-    b_uw = b_u.to(tl.float32) * b_w[:, None]
-    b_h = tl.exp(b_C) * b_h
-    if BPT >= 16:
-        b_h += tl.dot(tl.trans(b_uw), b_k, input_precision=DOT_PRECISION)
-    else:
-        for j in tl.static_range(BPT):
-            u_j = tl.sum(tl.where(o_p[:, None] == j, b_uw, 0.0), 0)
-            k_j = tl.sum(tl.where(o_p[:, None] == j, b_k, 0.0), 0)
-            b_h += u_j[:, None] * k_j[None, :]
-    return b_h, a
+    return a, on, rows, b_C, b_u.to(tl.float32) * b_w[:, None]
 
 
 @triton.jit
-def _load_state(h0, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, pg, ppar, pacc, stride_hb, stride_ppb, PT,
-                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BPT: tl.constexpr,
-                HAS_PENDING: tl.constexpr, PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """The committed [BV, BK] state tile in fp32; with a pending commit, folded in and written back."""
+def _pending_key_scale(on, rows, i_h, pk, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BPT: tl.constexpr,
+                       PENDING_L2NORM: tl.constexpr):
+    """1 / ||k_i|| for the path's keys when they are normalized in the kernel, else ones."""
+    b_n = tl.zeros([BPT], dtype=tl.float32)
+    if PENDING_L2NORM:
+        for i_k in range(0, tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            b_k = tl.load(pk + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=on[:, None] & (o_k < K)[None, :],
+                          other=0).to(tl.float32)
+            b_n += tl.sum(b_k * b_k, 1)
+        return 1.0 / tl.sqrt(b_n + 1e-6)
+    return b_n + 1.0
+
+
+@triton.jit
+def _state_tile(h0, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pk, a, on, rows, b_C, b_uw, b_rk,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BPT: tl.constexpr,
+                HAS_PENDING: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The committed state's [BV, BK] tile in fp32. With a pending commit: exp(G_a) S0 + sum_i w_i u_i k_i^T
+    over the path, written back (once per step) and returned exactly as stored."""
     p_h = h0 + i_b64 * stride_hb + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
     m_h = m_v[:, None] & m_k[None, :]
     b_h = tl.load(p_h, mask=m_h, other=0).to(tl.float32)
     if HAS_PENDING:
-        b_h, a = _fold_pending(b_h, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, pg, ppar, pacc,
-                               stride_ppb, PT, H, HV, K, V, BPT, PENDING_L2NORM, DOT_PRECISION)
+        b_k = tl.load(pk + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=on[:, None] & m_k[None, :],
+                      other=0).to(tl.float32) * b_rk[:, None]
+        b_h = tl.exp(b_C) * b_h
+        if BPT >= 16:
+            b_h += tl.dot(tl.trans(b_uw), b_k, input_precision=DOT_PRECISION)
+        else:
+            o_p = tl.arange(0, BPT)
+            for j in tl.static_range(BPT):
+                u_j = tl.sum(tl.where(o_p[:, None] == j, b_uw, 0.0), 0)
+                k_j = tl.sum(tl.where(o_p[:, None] == j, b_k, 0.0), 0)
+                b_h += u_j[:, None] * k_j[None, :]
         b_h = b_h.to(p_h.dtype.element_ty)  # verify from exactly the state that is stored
         if a >= 0:
             tl.store(p_h, b_h, mask=m_h)
@@ -181,8 +191,13 @@ def tree_verify_fma_kernel(
     n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
     m_t = o_t < n_b
 
-    b_h = _load_state(h0, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, pg, ppar, pacc, stride_hb, stride_ppb,
-                      PT, H, HV, K, V, BPT, HAS_PENDING, PENDING_L2NORM, DOT_PRECISION)
+    if HAS_PENDING:
+        a, on, rows, b_C, b_uw = _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT, HV, V, BPT)
+        b_rpk = _pending_key_scale(on, rows, i_h, pk, H, K, BK, BPT, PENDING_L2NORM)
+    else:
+        a, on, rows, b_C, b_uw, b_rpk = 0, 0, 0, 0.0, 0.0, 0.0
+    b_h = _state_tile(h0, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pk, a, on, rows, b_C, b_uw, b_rpk,
+                      H, K, V, BPT, HAS_PENDING, DOT_PRECISION)
     m_anc, b_G, _ = _ancestors(parents, g, i_b64, i_hv, o_t, m_t, stride_pb, T, HV)
 
     # state and Gram products, one node at a time: row reductions of the tile, exact fp32
@@ -190,17 +205,23 @@ def tree_verify_fma_kernel(
     m_tk = m_t[:, None] & m_k[None, :]
     b_K = tl.load(k + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
     b_Q = tl.load(q + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+    b_rk = tl.zeros([BT], dtype=tl.float32) + 1.0
+    b_rq = tl.zeros([BT], dtype=tl.float32) + 1.0
     if USE_QK_L2NORM_IN_KERNEL:
-        b_K = b_K / tl.sqrt(tl.sum(b_K * b_K, 1) + 1e-6)[:, None]
-        b_Q = b_Q / tl.sqrt(tl.sum(b_Q * b_Q, 1) + 1e-6)[:, None]
+        b_rk = 1.0 / tl.sqrt(tl.sum(b_K * b_K, 1) + 1e-6)
+        b_rq = 1.0 / tl.sqrt(tl.sum(b_Q * b_Q, 1) + 1e-6)
+        b_K = b_K * b_rk[:, None]
+        b_Q = b_Q * b_rq[:, None]
     b_hk = tl.zeros([BT, BV], dtype=tl.float32)
     b_hq = tl.zeros([BT, BV], dtype=tl.float32)
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     b_QK = tl.zeros([BT, BT], dtype=tl.float32)
     for t in tl.static_range(BT):
         sel = o_t == t
-        k_t = tl.sum(tl.where(sel[:, None], b_K, 0.0), 0)
-        q_t = tl.sum(tl.where(sel[:, None], b_Q, 0.0), 0)
+        m_row_k = m_k & (tl.zeros([BK], dtype=tl.int32) + t < n_b)
+        p_row = (i_b64 * T + t) * H * K + i_h * K + o_k
+        k_t = tl.load(k + p_row, mask=m_row_k, other=0).to(tl.float32) * tl.sum(tl.where(sel, b_rk, 0.0), 0)
+        q_t = tl.load(q + p_row, mask=m_row_k, other=0).to(tl.float32) * tl.sum(tl.where(sel, b_rq, 0.0), 0)
         b_hk = tl.where(sel[:, None], tl.sum(b_h * k_t[None, :], 1)[None, :], b_hk)
         b_hq = tl.where(sel[:, None], tl.sum(b_h * q_t[None, :], 1)[None, :], b_hq)
         b_A = tl.where(sel[None, :], tl.sum(b_K * k_t[None, :], 1)[:, None], b_A)
@@ -249,29 +270,51 @@ def tree_verify_dot_kernel(
     i_h = i_hv // (HV // H)
     i_b64 = i_b.to(tl.int64)
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_v, m_k = o_v < V, o_k < K
+    m_v = o_v < V
     n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
     m_t = o_t < n_b
 
-    b_h = _load_state(h0, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, pg, ppar, pacc, stride_hb, stride_ppb,
-                      PT, H, HV, K, V, BPT, HAS_PENDING, PENDING_L2NORM, DOT_PRECISION)
+    if HAS_PENDING:
+        a, on, rows, b_C, b_uw = _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT, HV, V, BPT)
+        b_rpk = _pending_key_scale(on, rows, i_h, pk, H, K, BK, BPT, PENDING_L2NORM)
+    else:
+        a, on, rows, b_C, b_uw, b_rpk = 0, 0, 0, 0.0, 0.0, 0.0
     m_anc, b_G, n_depth = _ancestors(parents, g, i_b64, i_hv, o_t, m_t, stride_pb, T, HV)
 
+    # Gram matrices and state products over key chunks; each state chunk is read (and, with a
+    # pending commit, rebuilt and written) once
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    b_QK = tl.zeros([BT, BT], dtype=tl.float32)
+    b_hk = tl.zeros([BT, BV], dtype=tl.float32)
+    b_hq = tl.zeros([BT, BV], dtype=tl.float32)
+    b_nk = tl.zeros([BT], dtype=tl.float32)
+    b_nq = tl.zeros([BT], dtype=tl.float32)
     p_qk_row = (i_b64 * T + o_t) * H + i_h
-    m_tk = m_t[:, None] & m_k[None, :]
-    b_k = tl.load(k + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
-    b_q = tl.load(q + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_h = _state_tile(h0, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pk, a, on, rows, b_C, b_uw, b_rpk,
+                          H, K, V, BPT, HAS_PENDING, DOT_PRECISION)
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_k = tl.load(k + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+        b_q = tl.load(q + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+        b_kt = tl.trans(b_k)
+        b_ht = tl.trans(b_h)
+        b_A += tl.dot(b_k, b_kt, input_precision=DOT_PRECISION)
+        b_QK += tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)
+        b_hk += tl.dot(b_k, b_ht, input_precision=DOT_PRECISION)
+        b_hq += tl.dot(b_q, b_ht, input_precision=DOT_PRECISION)
+        if USE_QK_L2NORM_IN_KERNEL:
+            b_nk += tl.sum(b_k * b_k, 1)
+            b_nq += tl.sum(b_q * b_q, 1)
     if USE_QK_L2NORM_IN_KERNEL:
-        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
-        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
-    b_kt = tl.trans(b_k)
-    b_ht = tl.trans(b_h)
-    b_A = tl.dot(b_k, b_kt, input_precision=DOT_PRECISION)
-    b_QK = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)
-    b_hk = tl.dot(b_k, b_ht, input_precision=DOT_PRECISION)
-    b_hq = tl.dot(b_q, b_ht, input_precision=DOT_PRECISION)
+        b_rk = 1.0 / tl.sqrt(b_nk + 1e-6)
+        b_rq = 1.0 / tl.sqrt(b_nq + 1e-6)
+        b_A = b_A * b_rk[:, None] * b_rk[None, :]
+        b_QK = b_QK * b_rq[:, None] * b_rk[None, :]
+        b_hk = b_hk * b_rk[:, None]
+        b_hq = b_hq * b_rq[:, None]
 
     m_strict = m_anc & (o_t[:, None] != o_t[None, :])
     b_diff = b_G[:, None] - b_G[None, :]
@@ -326,7 +369,7 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     fn[grid](
         q, k, v, g, beta, initial_state, parents, num_nodes if num_nodes is not None else parents, o, u,
         pu, pk, pg, ppar, pacc, stride_pb, initial_state.stride(0), stride_ppb, scale,
-        B=B, T=T, PT=PT, H=H, HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K),
+        B=B, T=T, PT=PT, H=H, HV=HV, K=K, V=V, BT=BT, **({"BK": triton.next_power_of_2(K)} if kernel == "fma" else {}),
         BPT=triton.next_power_of_2(max(PT, 2)),
         USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, HAS_NUM_NODES=num_nodes is not None,
         HAS_PENDING=pending is not None, PENDING_L2NORM=pl2, DOT_PRECISION=dot_precision or DEFAULT_DOT_PRECISION,
