@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 import traceback
@@ -29,25 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def divergence(ref: list[list[int]], other: list[list[int]]) -> dict:
-    """Token agreement of two greedy runs over the same prompts."""
-    same = total = 0
-    first = []
-    for a, b in zip(ref, other):
-        n = min(len(a), len(b))
-        total += n
-        same += sum(x == y for x, y in zip(a[:n], b[:n]))
-        first.append(next((i for i in range(n) if a[i] != b[i]), None))
-    diverged = [f for f in first if f is not None]
-    return dict(tokens=total, identical_fraction=same / max(1, total), requests=len(first),
-                requests_diverged=len(diverged),
-                first_divergence_positions=first,
-                mean_first_divergence=sum(diverged) / len(diverged) if diverged else None)
+from benchmarks.common import backend_check, divergence, environment, log  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -63,15 +44,7 @@ def main(argv=None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    summary: dict = dict(device=device, torch=torch.__version__, python=platform.python_version(),
-                         started=time.strftime("%Y-%m-%d %H:%M:%S"))
-    if device == "cuda":
-        summary["gpu"] = torch.cuda.get_device_name(0)
-    try:
-        import triton
-        summary["triton"] = triton.__version__
-    except ImportError:
-        summary["triton"] = None
+    summary = environment(device)
 
     def save_summary():
         summary["elapsed_s"] = round(time.time() - t_start, 1)
@@ -89,14 +62,11 @@ def main(argv=None) -> int:
     train_main(targs)
     log(f"trained in {time.time() - t_start:.0f} s")
 
-    import transformers
-
     from treewy.decode import generate
     from treewy.models import load
     from treewy.models.corpus import heldout_prompts
     from treewy.models.backends import get_ops
     from treewy.sweep import CHAINS, SHAPES, sweep
-    summary["transformers"] = transformers.__version__
 
     n_prompts, plen, new = (4, 48, 12) if args.toy else (32, 128, 48)
     prompts = heldout_prompts(n_prompts, plen, seed=0)
@@ -108,13 +78,7 @@ def main(argv=None) -> int:
     summary["kernels_importable_on_device"] = auto == "triton"
     if auto == "triton":
         try:
-            check = {}
-            for mode in ("reconstruct", "store_all"):
-                a = generate(m32, prompts[:4], drafter="mtp", tree=(2, 2, 2), commit=mode, max_new_tokens=24,
-                             backend="triton")
-                b = generate(m32, prompts[:4], drafter="mtp", tree=(2, 2, 2), commit=mode, max_new_tokens=24,
-                             backend="torch")
-                check[mode] = a.tokens == b.tokens and [s.accepted for s in a.steps] == [s.accepted for s in b.steps]
+            check = backend_check(m32, prompts[:4])
             summary["kernel_check"] = check
             if all(check.values()):
                 backend = "triton"

@@ -12,7 +12,7 @@ from treewy.decode import generate  # noqa: E402
 from treewy.models import build, save, tiny_config  # noqa: E402
 from treewy.models.spec import spec_of  # noqa: E402
 from treewy.models.train_tiny import SIZES  # noqa: E402
-from treewy.sweep import SHAPES  # noqa: E402
+from treewy.sweep import SHAPES, summarize  # noqa: E402
 from treewy.tree import MAX_NODES, DraftTree  # noqa: E402
 
 PROMPTS = [[256] + list(b"def foo(x):\n    return x"), [256] + list(b"import os\n"), [256, 10]]
@@ -153,3 +153,69 @@ def test_engine_on_the_triton_kernels_is_plain_greedy(model, reference, mode):
                    max_new_tokens=NEW, backend="triton")
     assert res.tokens == reference
     assert max(s.length for s in res.steps) > 1
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_deferred_commit_flushes_to_the_immediate_state(model, reference, backend):
+    """reconstruct's commit folded into the next verify: the same logits and tokens as committing at once,
+    and a flush mid-generation (reading the committed state) gives the immediately committed state."""
+    from treewy.accept import greedy_fwd
+    from treewy.models.backends import get_ops
+    from treewy.models.cache import HybridCache
+    from treewy.models.hybrid import Window, commit, prefill, verify
+
+    spec, ops = spec_of(model), get_ops("cpu", backend)
+    tree, prompts = DraftTree.from_widths((2, 1)), PROMPTS[:2]
+    win = Window.of(tree, len(prompts), "cpu")
+    caches = {defer: HybridCache.empty(spec, len(prompts), 64, torch.float32, "cpu") for defer in (True, False)}
+    for c in caches.values():
+        _, logits = prefill(spec, c, prompts, "cpu")
+    roots, out = logits.argmax(-1), [[] for _ in prompts]
+    drafter = OracleDrafter(reference[:2], seed=1)
+    drafter.begin(model, prompts, None, None)
+
+    def committed(c):
+        return [c.committed_state(i).clone() for i in spec.gdn_layers]
+
+    for step in range(4):
+        draft = drafter.propose(tree)
+        draft[:, 0] = roots
+        got = {}
+        for defer, c in caches.items():
+            logits, _, pend = verify(spec, c, draft.clamp(min=0), win, "reconstruct", ops)
+            acc = greedy_fwd(win.rows, draft, logits.argmax(-1), win.max_depth)
+            commit(spec, c, pend, win, acc.accepted, acc.path, acc.length, ops, defer=defer)
+            got[defer] = (logits, acc)
+        assert bool(caches[True].pending) and not caches[False].pending
+        # fp32 tolerances: a fused step kernel may sum in another order than commit + verify
+        torch.testing.assert_close(got[True][0], got[False][0], rtol=1e-4, atol=1e-5)
+        acc = got[True][1]
+        assert torch.equal(acc.accepted, got[False][1].accepted)
+        emitted = [acc.emitted(draft, b) for b in range(len(prompts))]
+        drafter.advance(emitted, None)
+        for o, e in zip(out, emitted):
+            o.extend(e)
+        roots = acc.bonus
+        if step in (1, 3):  # mid-generation, and at the end
+            for a, b in zip(committed(caches[True]), committed(caches[False])):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            assert not caches[True].pending
+    for o, ref in zip(out, reference):
+        assert o == ref[1:1 + len(o)]
+
+
+def test_phase_timing(model):
+    plain = generate(model, PROMPTS[:1], drafter="ngram", tree=(2, 1), max_new_tokens=4)
+    phases = generate(model, PROMPTS[:1], drafter="ngram", tree=(2, 1), max_new_tokens=4, timing="phases")
+    assert plain.tokens == phases.tokens
+    assert all(s.verify_ms is None and s.host_ms >= 0 for s in plain.steps)
+    for s in phases.steps:
+        parts = s.draft_ms + s.verify_ms + s.accept_ms + s.commit_ms + s.host_ms
+        assert min(s.verify_ms, s.accept_ms, s.commit_ms) >= 0 and parts == pytest.approx(s.step_ms)
+    meta = dict(drafter="ngram", kind="tree", widths=(2, 1), mode="reconstruct", model_name="toy", dtype="float32",
+                backend="torch", device="cpu")
+    rows = {name: summarize(res, **meta) for name, res in (("plain", plain), ("phases", phases))}
+    assert rows["plain"]["verify_ms_median"] is None and rows["plain"]["step_ms_median"] > 0
+    assert all(rows["phases"][f"{p}_ms_median"] >= 0 for p in ("draft", "verify", "accept", "commit", "host"))
+    with pytest.raises(ValueError, match="timing"):
+        generate(model, PROMPTS[:1], timing="profile")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from treewy.tree import DraftTree, validate_parents
+from treewy.tree import DraftTree, path_depth, validate_parents
 
 
 @dataclass(frozen=True)
@@ -41,20 +41,26 @@ def greedy(tree, draft_tokens: torch.Tensor, target_argmax: torch.Tensor) -> Gre
                          "like draft_tokens")
     if par.shape[-1] != T or (par.ndim == 2 and par.shape[0] != B):
         raise ValueError(f"the tree has parents of shape {tuple(par.shape)} but draft_tokens is [{B}, {T}]")
+    depth = tree.max_depth if isinstance(tree, DraftTree) else int(path_depth(par).max())
+    return greedy_fwd(par.to(draft_tokens.device).expand(B, T), draft_tokens, target_argmax, depth)
+
+
+def greedy_fwd(parents: torch.Tensor, draft_tokens: torch.Tensor, target_argmax: torch.Tensor,
+               max_depth: int) -> GreedyAcceptance:
+    """``greedy`` on inputs already validated: parents int64 [B, T] on the tokens' device; ``max_depth``
+    bounds the walk (the tree's depth), so the walk never syncs with the host."""
+    B, T = draft_tokens.shape
     dev = draft_tokens.device
-    par = par.to(dev).expand(B, T)
     rows = torch.arange(B, device=dev)
     # match[b, t]: node t's token is what the target predicts after its parent
     match = torch.zeros(B, T, dtype=torch.bool, device=dev)
-    match[:, 1:] = draft_tokens[:, 1:] == target_argmax.gather(1, par[:, 1:].clamp(min=0))
+    match[:, 1:] = draft_tokens[:, 1:] == target_argmax.gather(1, parents[:, 1:].clamp(min=0))
     nodes = torch.arange(T, device=dev)
     cur = torch.zeros(B, dtype=torch.long, device=dev)
     steps = [cur]
-    for _ in range(T - 1):
-        cand = (par == cur[:, None]) & match               # matching children of the current node
+    for _ in range(max_depth):
+        cand = (parents == cur[:, None]) & match            # matching children of the current node
         has = cand.any(1)
-        if not bool(has.any()):
-            break
         first = torch.where(cand, nodes, T).min(1).values  # the first matching child
         cur = torch.where(has, first, cur)
         steps.append(torch.where(has, cur, -1))

@@ -3,9 +3,15 @@
 One step for a batch: the drafter proposes a token tree per request; one verify pass runs the
 window (root + drafts) through the model from the committed caches (GDN: tree conv1d + TreeWY
 verify, or the store-all recurrence; attention: committed prefix + ancestor mask); greedy
-acceptance picks the accepted node a; commit moves the GDN/conv states to a and keeps only the
-accepted path in the KV caches; the request emits the accepted drafts and the bonus token (the
-target's argmax at a), which is the next step's root.
+acceptance picks the accepted node a; commit moves the conv states to a, keeps only the accepted
+path in the KV caches and moves the GDN state to a (store_all: picks a's snapshot; reconstruct:
+leaves a pending commit that the next verify folds in); the request emits the accepted drafts and
+the bonus token (the target's argmax at a), which is the next step's root.
+
+The step loop launches the step's device work without host syncs (the tree is validated and put on
+the device once per ``generate``); the host waits for the device after the draft, once in verify
+(the longest committed prefix, which sizes the attention window), and after the commit, then reads
+the step's outcome in one transfer.
 """
 
 from __future__ import annotations
@@ -14,8 +20,15 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch.profiler import record_function
 
-from treewy.accept import greedy
+from treewy.accept import greedy_fwd
+from treewy.drafters import make_drafter
+from treewy.models.backends import get_ops
+from treewy.models.cache import HybridCache
+from treewy.models.hybrid import Window, prefill, verify
+from treewy.models.hybrid import commit as commit_window
+from treewy.models.spec import spec_of
 from treewy.tree import DraftTree, as_tree
 
 COMMIT_MODES = ("reconstruct", "store_all")
@@ -29,8 +42,42 @@ class StepStat:
     length: int              # tokens emitted this step = depth(accepted) + 1
     gdn_state_bytes: int     # GDN state blocks held by this request after the step, all GDN layers
     transient_bytes: int     # per request during the step: U (reconstruct) or the snapshots (store_all)
-    step_ms: float           # wall time of the batch step (draft + verify + accept + commit)
-    draft_ms: float
+    step_ms: float           # wall time of the batch step: draft + verify + accept + commit + host bookkeeping
+    draft_ms: float          # the drafter's proposal (ends with a device sync)
+    host_ms: float = 0.0     # host bookkeeping after the device work (emitted tokens, the drafter's advance)
+    verify_ms: float | None = None  # the model forward over the window (timing="phases" only)
+    accept_ms: float | None = None  # greedy acceptance (timing="phases" only)
+    commit_ms: float | None = None  # cache commit (timing="phases" only; reconstruct's GDN commit runs in verify)
+
+
+PHASES = ("draft", "verify", "accept", "commit", "host")
+TIMINGS = ("step", "phases")
+
+
+class _Clock:
+    """Per-step phase times. A phase ends with a device sync only where it must be timed: after the
+    draft and after the commit (the step's device work) always, after verify and accept with
+    ``phases`` (two more syncs per step, which also keep the host from running ahead)."""
+
+    def __init__(self, device, phases: bool):
+        self.device, self.phases = device, phases
+
+    def start(self) -> None:
+        self.t = time.perf_counter()  # the previous step ended with the device idle
+        self.ms: dict[str, float] = {}
+
+    def end(self, phase: str, sync: bool = False) -> None:
+        now = _sync(self.device) if sync else time.perf_counter()
+        self.ms[phase] = (now - self.t) * 1e3
+        self.t = now
+
+    def stat_fields(self) -> dict:
+        ms = self.ms
+        device_ms = ms["verify"] + ms["accept"] + ms["commit"]
+        out = dict(step_ms=ms["draft"] + device_ms + ms["host"], draft_ms=ms["draft"], host_ms=ms["host"])
+        if self.phases:
+            out.update(verify_ms=ms["verify"], accept_ms=ms["accept"], commit_ms=ms["commit"])
+        return out
 
 
 @dataclass
@@ -82,21 +129,19 @@ def _check_prompts(prompts, vocab: int, context: int, max_new_tokens: int, T: in
 
 @torch.no_grad()
 def generate(model, prompts, drafter=None, tree=(3, 3, 3), commit="reconstruct", max_new_tokens: int = 32,
-             eos_token_id: int | None = None, backend: str = "auto") -> GenerateResult:
+             eos_token_id: int | None = None, backend: str = "auto", timing: str = "step") -> GenerateResult:
     """Greedy decoding of a batch of prompts (lists of token ids), speculative when ``drafter`` is given.
 
     drafter: None (plain greedy), "mtp", "ngram" or a Drafter; tree: branching factors such as
     (3, 3, 3), a DraftTree or a parent array; commit: "reconstruct" (TreeWY: one GDN state block per
-    request) or "store_all" (N + 1 snapshots); backend: "auto" | "torch" | "triton" for the GDN ops.
+    request, each step's commit folded into the next verify) or "store_all" (N + 1 snapshots);
+    backend: "auto" | "torch" | "triton" for the GDN ops; timing: "step" (two device syncs per step:
+    draft and step times) or "phases" (also verify / accept / commit times, two more syncs).
     """
-    from treewy.drafters import make_drafter
-    from treewy.models.hybrid import commit as commit_window, prefill, verify
-    from treewy.models.cache import HybridCache
-    from treewy.models.backends import get_ops
-    from treewy.models.spec import spec_of
-
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens = {max_new_tokens!r}: expected a positive integer")
+    if timing not in TIMINGS:
+        raise ValueError(f"timing = {timing!r}: expected one of {TIMINGS}")
     spec = spec_of(model)
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
@@ -116,50 +161,104 @@ def generate(model, prompts, drafter=None, tree=(3, 3, 3), commit="reconstruct",
     capacity = max(len(p) for p in prompts) + max_new_tokens + T + 1
     cache = HybridCache.empty(spec, B, capacity, dtype, device)
     ops = get_ops(device, backend)
+    window = Window.of(tr, B, device)
 
-    hidden, logits = prefill(spec, cache, prompts, device)
+    with record_function("treewy.prefill"):
+        hidden, logits = prefill(spec, cache, prompts, device)
     roots = logits.argmax(-1)                                            # [B]
     out = [[int(r)] for r in roots.tolist()]
     done = [max_new_tokens <= 1 or (eos_token_id is not None and o[0] == eos_token_id) for o in out]
     if d is not None:
         d.begin(model, prompts, hidden, [o[0] for o in out], capacity=capacity + max_new_tokens + 1)
-    parents = tr.parents.long().to(device)[None].expand(B, T).contiguous()
     result = GenerateResult(out, tree=tr if d is not None else None,
                             commit=mode if d is not None else None, drafter=getattr(d, "name", None))
-    step = 0
+    loop = _Loop(spec, cache, ops, tr, window, mode, d, _Clock(device, timing == "phases"))
     while not all(done):
-        t0 = _sync(device)
-        if d is None:
-            draft = roots[:, None]
-        else:
-            draft = d.propose(tr).to(device)                             # [B, T], -1 = no token
-            draft[:, 0] = roots
-        t1 = _sync(device)
-        logits, hid, pend = verify(spec, cache, draft.clamp(min=0), parents, mode, ops)
-        acc = greedy(parents, draft, logits.argmax(-1))
-        live = torch.tensor([not x for x in done], device=device)
-        commit_window(spec, cache, pend, parents, acc.accepted, acc.path, acc.length, ops, live)
-        t2 = _sync(device)
-        held = cache.gdn_state_bytes()
-        emitted, path_hidden = [], []
-        lengths = acc.length.tolist()
-        for b in range(B):
-            e = acc.emitted(draft, b)
-            if done[b]:
-                emitted.append(e[-1:])
-                path_hidden.append(hid[b, acc.accepted[b]][None])
-                continue
-            emitted.append(e)
-            path_hidden.append(hid[b, acc.path[b, :lengths[b]]])
-            result.steps.append(StepStat(step, b, int(acc.accepted[b]), lengths[b], held, pend.transient_bytes,
-                                         (t2 - t0) * 1e3, (t1 - t0) * 1e3))
-            for t in e:
-                out[b].append(int(t))
-                if len(out[b]) >= max_new_tokens or (eos_token_id is not None and t == eos_token_id):
-                    done[b] = True
-                    break
-        roots = acc.bonus
-        if d is not None:
-            d.advance(emitted, path_hidden)
-        step += 1
+        roots = loop.step(roots, done, out, max_new_tokens, eos_token_id, result.steps)
+    cache.flush()
     return result
+
+
+class _Loop:
+    """The step of ``generate``: draft, verify, accept, commit, then the outcome on the host."""
+
+    def __init__(self, spec, cache, ops, tree, window, mode, drafter, clock):
+        self.spec, self.cache, self.ops, self.tree, self.window, self.mode = spec, cache, ops, tree, window, mode
+        self.drafter, self.clock = drafter, clock
+        self.step_no = 0
+        self.live, self.live_for = None, None
+
+    def step(self, roots, done, out, max_new_tokens, eos_token_id, stats):
+        """One batch step; appends tokens to ``out`` and StepStats to ``stats``; returns the next roots."""
+        clock, win, d = self.clock, self.window, self.drafter
+        clock.start()
+        with record_function("treewy.draft"):
+            draft = roots[:, None] if d is None else _propose(d, self.tree, roots)
+        clock.end("draft", sync=True)
+        with record_function("treewy.verify"):
+            logits, hid, pend = verify(self.spec, self.cache, draft.clamp(min=0), win, self.mode, self.ops)
+        clock.end("verify", sync=clock.phases)
+        with record_function("treewy.accept"):
+            acc = greedy_fwd(win.rows, draft, logits.argmax(-1), win.max_depth)
+        clock.end("accept", sync=clock.phases)
+        with record_function("treewy.commit"):
+            commit_window(self.spec, self.cache, pend, win, acc.accepted, acc.path, acc.length, self.ops,
+                          self._live(done, roots.device))
+        clock.end("commit", sync=True)
+        with record_function("treewy.host"):
+            emitted, path_hidden, accepted, lengths = _outcome(draft, hid, acc, done)
+            held = self.cache.gdn_state_bytes()
+            rows = []
+            for b in range(len(done)):
+                if done[b]:
+                    continue
+                rows.append((b, accepted[b], lengths[b]))
+                _extend(out, b, emitted[b], done, max_new_tokens, eos_token_id)
+            if d is not None:
+                d.advance(emitted, path_hidden)
+        clock.end("host")
+        times = clock.stat_fields()
+        stats.extend(StepStat(self.step_no, b, a, n, held, pend.transient_bytes, **times) for b, a, n in rows)
+        self.step_no += 1
+        return acc.bonus
+
+    def _live(self, done, device):
+        """live [B] on the device, rebuilt only when a request finishes."""
+        if self.live_for != done:
+            self.live, self.live_for = torch.tensor([not x for x in done], device=device), list(done)
+        return self.live
+
+
+def _propose(drafter, tree, roots):
+    draft = drafter.propose(tree).to(roots.device)                     # [B, T], -1 = no token
+    draft[:, 0] = roots
+    return draft
+
+
+def _outcome(draft, hid, acc, done):
+    """The step's outcome on the host in one transfer: per request the emitted tokens (accepted drafts
+    then the bonus; only the bonus for a finished request), the target hidden states along them,
+    the accepted node and the acceptance length."""
+    B, n = acc.path.shape
+    nodes = acc.path.clamp(min=0)
+    along = hid[torch.arange(B, device=hid.device)[:, None], nodes]   # [B, n, hidden]
+    packed = torch.cat([draft.gather(1, nodes), acc.bonus[:, None], acc.length[:, None], acc.accepted[:, None]],
+                       1).tolist()
+    emitted, path_hidden, accepted, lengths = [], [], [], []
+    for b, row in enumerate(packed):
+        length, a = row[n + 1], row[n + 2]
+        lo = length - 1 if done[b] else 0
+        emitted.append(row[1 + lo:length] + [row[n]])
+        path_hidden.append(along[b, lo:length])
+        accepted.append(a)
+        lengths.append(length)
+    return emitted, path_hidden, accepted, lengths
+
+
+def _extend(out, b, tokens, done, max_new_tokens, eos_token_id):
+    """Append request b's emitted tokens, stopping at max_new_tokens or the end-of-sequence token."""
+    for t in tokens:
+        out[b].append(t)
+        if len(out[b]) >= max_new_tokens or (eos_token_id is not None and t == eos_token_id):
+            done[b] = True
+            break

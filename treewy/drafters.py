@@ -35,14 +35,6 @@ class Drafter(Protocol):
     def advance(self, emitted: list[list[int]], path_hidden: list[torch.Tensor]) -> None: ...
 
 
-def _levels(tree: DraftTree) -> list[list[int]]:
-    depth = tree.depth.tolist()
-    out: list[list[int]] = [[] for _ in range(tree.max_depth + 1)]
-    for t, d in enumerate(depth):
-        out[d].append(t)
-    return out
-
-
 def _children(tree: DraftTree) -> list[list[int]]:
     ch: list[list[int]] = [[] for _ in range(tree.num_nodes)]
     for t, p in enumerate(tree.parents.tolist()[1:], start=1):
@@ -73,78 +65,119 @@ class MTPDrafter:
         dec = self.mtp.layers[0].self_attn
         cap = capacity or max(len(p) for p in prompts) + 4096
         self.cache = KVCache(B, self.spec.Hkv, cap, dec.head_dim, hidden[0].dtype, dev)
+        self.cached = [0] * B  # entries in the MTP cache per request (the host's copy of cache.lens)
         # entry at position i + 1 pairs h_i with x_{i+1}; the last one pairs h_{P-1} with the root
         self.pending = [(hidden[b], list(prompts[b][1:]) + [int(roots[b])]) for b in range(B)]
         self.next_pos = torch.ones(B, dtype=torch.long, device=dev)  # position of the first pending entry
         self.roots = torch.tensor([int(r) for r in roots], device=dev)
+        self.plans: dict[DraftTree, _TreePlan] = {}
 
     @torch.no_grad()
     def _flush(self):
         """Commit the pending entries (true target hidden states) into the MTP cache; return the root
         entries' outputs [B, hidden]."""
+        from torch.nn.utils.rnn import pad_sequence
+
         from treewy.models.mtp import mtp_forward
         B = len(self.pending)
-        n = torch.tensor([len(t) for _, t in self.pending], device=self.next_pos.device)
-        L = int(n.max())
         dev = self.next_pos.device
-        D = self.pending[0][0].shape[-1]
-        tok = torch.zeros(B, L, dtype=torch.long, device=dev)
-        hid = torch.zeros(B, L, D, dtype=self.pending[0][0].dtype, device=dev)
-        for b, (h, t) in enumerate(self.pending):
-            tok[b, :len(t)] = torch.tensor(t, device=dev)
-            hid[b, :len(t)] = h[:len(t)]
+        counts = [len(t) for _, t in self.pending]
+        L = max(counts)
+        if max(c + n for c, n in zip(self.cached, counts)) > self.cache.capacity:
+            raise ValueError(f"the MTP drafter's cache is full ({self.cache.capacity} entries); pass a larger capacity")
+        tok = torch.tensor([t + [0] * (L - len(t)) for _, t in self.pending], dtype=torch.long, device=dev)
+        hid = pad_sequence([h[:len(t)] for h, t in self.pending], batch_first=True)
+        n = torch.tensor(counts, device=dev)
         ar = torch.arange(L, device=dev)
         pos = self.next_pos[:, None] + ar
         valid = ar[None] < n[:, None]
         mask = torch.ones(L, L, dtype=torch.bool, device=dev).tril()[None] & valid[:, None, :]
         mask = mask | torch.eye(L, dtype=torch.bool, device=dev)[None]
-        out, k, v = mtp_forward(self.spec, self.mtp, tok, hid, pos, self.cache.past(), mask)
+        out, k, v = mtp_forward(self.spec, self.mtp, tok, hid, pos, self.cache.past(max(self.cached)), mask)
         self.cache.append(k, v, ar[None].expand(B, L), n)
+        self.cached = [c + m for c, m in zip(self.cached, counts)]
         self.next_pos = self.next_pos + n
         self.pending = [None] * B
         return out[torch.arange(B, device=dev), n - 1]
+
+    def _plan(self, tree: DraftTree) -> _TreePlan:
+        if tree not in self.plans:
+            self.plans[tree] = _TreePlan(tree, self.roots.device)
+        return self.plans[tree]
 
     @torch.no_grad()
     def propose(self, tree: DraftTree) -> torch.Tensor:
         from treewy.models.mtp import mtp_forward
         spec = self.spec
+        plan = self._plan(tree)
         B = self.roots.shape[0]
-        dev = self.roots.device
-        T = tree.num_nodes
         root_out = self._flush()                                          # [B, hidden]
-        tokens = torch.full((B, T), -1, dtype=torch.long, device=dev)
+        tokens = torch.full((B, tree.num_nodes), -1, dtype=torch.long, device=self.roots.device)
         tokens[:, 0] = self.roots
-        outs = root_out.new_zeros(B, T, root_out.shape[-1])
+        outs = root_out.new_zeros(B, tree.num_nodes, root_out.shape[-1])
         outs[:, 0] = root_out
-        children = _children(tree)
-        levels = _levels(tree)
-        par = tree.parents.long().tolist()
-        anc = tree.ancestor_mask().to(dev)
-        depth = tree.depth.to(dev).long()
+        plan.fill(tokens, spec.lm_head(root_out)[:, None], plan.root_fill)
         root_pos = self.next_pos - 1                                      # the root entry's position
-
-        def fill(nodes, logits):
-            for j, t in enumerate(nodes):
-                ch = children[t]
-                if ch:
-                    top = logits[:, j].topk(len(ch), dim=-1).indices       # [B, w], distinct tokens
-                    tokens[:, ch] = top
-        fill([0], spec.lm_head(root_out)[:, None])
-        for d in range(1, len(levels) - 1):
-            win = [t for lv in levels[1:d + 1] for t in lv]               # every drafted node up to depth d
-            idx = torch.tensor(win, device=dev)
-            hid = outs[:, [par[t] for t in win]]
-            pos = root_pos[:, None] + depth[idx][None]
-            mask = anc[idx][:, idx][None].expand(B, -1, -1)
-            out, _, _ = mtp_forward(spec, self.mtp, tokens[:, idx].clamp(min=0), hid, pos, self.cache.past(), mask)
-            new = [j for j, t in enumerate(win) if depth[t] == d]
-            outs[:, [win[j] for j in new]] = out[:, new]
-            fill([win[j] for j in new], spec.lm_head(out[:, new]))
+        past = self.cache.past(max(self.cached))
+        for lv in plan.levels:                                            # every drafted node up to depth d
+            pos = root_pos[:, None] + lv.depth[None]
+            out, _, _ = mtp_forward(spec, self.mtp, tokens[:, lv.nodes].clamp(min=0), outs[:, lv.parents], pos,
+                                    past, lv.mask.expand(B, -1, -1))
+            new = out[:, lv.new]
+            outs[:, lv.new_nodes] = new
+            plan.fill(tokens, spec.lm_head(new), lv.fill)
         return tokens
 
     def advance(self, emitted, path_hidden):
         self.pending = [(path_hidden[b], list(emitted[b])) for b in range(len(emitted))]
         self.roots = torch.tensor([e[-1] for e in emitted], device=self.roots.device)
+
+
+class _Level:
+    """Index tensors of one MTP drafting pass: the nodes of depth 1..d and the depth-d nodes among them."""
+
+    def __init__(self, tree: DraftTree, d: int, children: list[list[int]], device):
+        depth = tree.depth.tolist()
+        par = tree.parents.tolist()
+        win = [t for t in range(tree.num_nodes) if 1 <= depth[t] <= d]
+        new = [j for j, t in enumerate(win) if depth[t] == d]
+
+        def ix(x):
+            return torch.tensor(x, dtype=torch.long, device=device)
+
+        self.nodes, self.parents, self.depth = ix(win), ix([par[t] for t in win]), ix([depth[t] for t in win])
+        self.mask = tree.ancestor_mask()[self.nodes.cpu()][:, self.nodes.cpu()][None].to(device)
+        self.new, self.new_nodes = ix(new), ix([win[j] for j in new])
+        self.fill = _fill_groups([win[j] for j in new], children, device)
+
+
+class _TreePlan:
+    """What MTPDrafter.propose indexes with for one tree, built once: no per-step host-to-device copies."""
+
+    def __init__(self, tree: DraftTree, device):
+        children = _children(tree)
+        self.root_fill = _fill_groups([0], children, device)
+        self.levels = [_Level(tree, d, children, device) for d in range(1, tree.max_depth)]
+
+    @staticmethod
+    def fill(tokens, logits, groups):
+        """tokens[:, children of node j] = the top-w tokens of logits[:, j], for nodes grouped by w."""
+        B = tokens.shape[0]
+        for w, sel, child in groups:
+            top = logits[:, sel].topk(w, dim=-1).indices                  # [B, m, w], distinct tokens
+            tokens[:, child] = top.reshape(B, -1)
+
+
+def _fill_groups(nodes: list[int], children: list[list[int]], device) -> list[tuple]:
+    """(w, positions in ``nodes``, their children flattened) per child count w > 0."""
+    groups: dict[int, tuple[list[int], list[int]]] = {}
+    for j, t in enumerate(nodes):
+        if children[t]:
+            sel, child = groups.setdefault(len(children[t]), ([], []))
+            sel.append(j)
+            child.extend(children[t])
+    return [(w, torch.tensor(sel, device=device), torch.tensor(child, device=device))
+            for w, (sel, child) in groups.items()]
 
 
 class NgramDrafter:

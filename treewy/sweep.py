@@ -5,8 +5,10 @@ Columns: model, drafter, kind (tree | chain | none), shape, N (drafts), T, depth
 (GDN state blocks per request per layer the mode holds), requests, steps, tokens, acceptance
 (mean tokens per step) with a 95 % interval (normal, over per-request means), accept_ge_d1..d6
 (fraction of steps that accepted at least d drafts), gdn_state_bytes (measured per request, all
-GDN layers), transient_bytes, step_ms / draft_ms (means over steps after the first), dtype,
-backend, device, date, paper_acceptance (DESIGN.md section 4, trees only).
+GDN layers), transient_bytes, step_ms / draft_ms (means over steps after the first), step_ms_median
+and {draft, verify, accept, commit, host}_ms_median (medians over steps after the first; verify,
+accept and commit only with timing="phases"), dtype, backend, device, date, paper_acceptance
+(DESIGN.md section 4, trees only).
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from __future__ import annotations
 import datetime
 import math
 import platform
+import time
 
 import torch
 
+from treewy.decode import PHASES
 from treewy.paper import ACCEPTANCE
 from treewy.paper import SHAPES as PAPER_SHAPES  # noqa: N811
 from treewy.tree import DraftTree
@@ -32,6 +36,16 @@ def device_name(device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"CPU ({platform.machine()})"
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    return xs[len(xs) // 2] if xs else None
 
 
 def summarize(result, *, drafter: str, kind: str, widths: tuple, mode: str, model_name: str, dtype: str,
@@ -54,12 +68,10 @@ def summarize(result, *, drafter: str, kind: str, widths: tuple, mode: str, mode
     else:
         half = float("nan")
     tree = DraftTree.from_widths(widths) if widths else DraftTree([-1])
-    by_step: dict[int, float] = {}
-    draft: dict[int, float] = {}
+    per_step = {}
     for s in steps:
-        by_step[s.step], draft[s.step] = s.step_ms, s.draft_ms
-    later = [v for k, v in sorted(by_step.items()) if k > 0] or list(by_step.values())
-    later_d = [v for k, v in sorted(draft.items()) if k > 0] or list(draft.values())
+        per_step.setdefault(s.step, s)  # the step's times are the batch's, repeated per request
+    later = [s for k, s in sorted(per_step.items()) if k > 0] or list(per_step.values())
     row = dict(
         model=model_name, drafter=drafter, kind=kind, shape=str(tuple(widths)) if widths else "()",
         N=tree.num_drafts, T=tree.num_nodes, depth=len(widths), mode=mode,
@@ -73,23 +85,20 @@ def summarize(result, *, drafter: str, kind: str, widths: tuple, mode: str, mode
     row.update(
         gdn_state_bytes=max((s.gdn_state_bytes for s in steps), default=0),
         transient_bytes=max((s.transient_bytes for s in steps), default=0),
-        step_ms=sum(later) / max(1, len(later)), step_ms_median=sorted(later)[len(later) // 2] if later else None,
-        draft_ms=sum(later_d) / max(1, len(later_d)),
+        step_ms=_mean([s.step_ms for s in later]), step_ms_median=_median([s.step_ms for s in later]),
+        draft_ms=_mean([s.draft_ms for s in later]),
+        **{f"{p}_ms_median": _median([getattr(s, f"{p}_ms") for s in later]) for p in PHASES},
         dtype=dtype, backend=backend, device=device, date=datetime.date.today().isoformat(),
         paper_acceptance=ACCEPTANCE.get(tuple(widths)) if kind == "tree" else None,
     )
     return row
 
 
-def sweep(model, prompts, drafters=("mtp", "ngram"), shapes=SHAPES, chains=CHAINS, modes=MODES,
-          max_new_tokens: int = 64, model_name: str = "tiny", backend: str = "auto", baseline: bool = True,
-          progress: bool = True, deadline: float | None = None):
-    """A tidy polars frame, one row per (drafter, shape, mode) plus a plain-decoding baseline row."""
-    import time
-
-    import polars as pl
-    from tqdm import tqdm
-
+def sweep_rows(model, prompts, drafters=("mtp", "ngram"), shapes=SHAPES, chains=CHAINS, modes=MODES,
+               max_new_tokens: int = 64, model_name: str = "tiny", backend: str = "auto", baseline: bool = True,
+               progress: bool = True, deadline: float | None = None, timing: str = "step") -> list[dict]:
+    """One row (a dict) per (drafter, shape, mode) plus a plain-decoding baseline row; stops starting
+    rows once time.time() passes ``deadline``."""
     from treewy.decode import generate
     from treewy.drafters import make_drafter
     from treewy.models.backends import get_ops
@@ -100,20 +109,50 @@ def sweep(model, prompts, drafters=("mtp", "ngram"), shapes=SHAPES, chains=CHAIN
     backend_name = get_ops(param.device, backend).name
     for dname in drafters:
         make_drafter(dname, model)  # fail fast (e.g. no MTP weights)
+    rows = []
+    for dname, kind, widths, mode in progress_bar(sweep_jobs(drafters, shapes, chains, modes, baseline), "sweep",
+                                                  progress):
+        if deadline is not None and time.time() > deadline:
+            break
+        res = generate(model, prompts, drafter=None if dname == "none" else dname, tree=widths or (1,),
+                       commit=None if mode == "none" else mode, max_new_tokens=max_new_tokens, backend=backend,
+                       timing=timing)
+        rows.append(summarize(res, drafter=dname, kind=kind, widths=widths, mode=mode, model_name=model_name,
+                              dtype=dtype, backend=backend_name, device=dev))
+    return rows
+
+
+def sweep_jobs(drafters=("mtp", "ngram"), shapes=SHAPES, chains=CHAINS, modes=MODES, baseline: bool = True):
+    """(drafter, kind, widths, mode) of every sweep row, the baseline ("none") first."""
     jobs = [("none", "none", (), "none")] if baseline else []
     for dname in drafters:
         for kind, widths in [("tree", tuple(s)) for s in shapes] + [("chain", (1,) * k) for k in chains]:
             for mode in modes:
                 jobs.append((dname, kind, widths, mode))
-    rows = []
-    for dname, kind, widths, mode in tqdm(jobs, desc="sweep", disable=not progress):
-        if deadline is not None and time.time() > deadline:
-            break
-        res = generate(model, prompts, drafter=None if dname == "none" else dname, tree=widths or (1,),
-                       commit=None if mode == "none" else mode, max_new_tokens=max_new_tokens, backend=backend)
-        rows.append(summarize(res, drafter=dname, kind=kind, widths=widths, mode=mode, model_name=model_name,
-                              dtype=dtype, backend=backend_name, device=dev))
-    return pl.DataFrame(rows, infer_schema_length=None)
+    return jobs
+
+
+def sweep(model, prompts, **kwargs):
+    """``sweep_rows`` as a tidy polars frame."""
+    import polars as pl
+    return pl.DataFrame(sweep_rows(model, prompts, **kwargs), infer_schema_length=None)
+
+
+def progress_bar(items, desc: str, enabled: bool = True):
+    """tqdm over items when it is installed, else a printed line per item."""
+    if not enabled:
+        return items
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _printed(list(items), desc)
+    return tqdm(items, desc=desc)
+
+
+def _printed(items, desc):
+    for i, x in enumerate(items):
+        print(f"{desc}: {i + 1}/{len(items)} {x}", flush=True)
+        yield x
 
 
 def _parse_shapes(text: str) -> list[tuple[int, ...]]:

@@ -5,11 +5,12 @@ Three entry points share one set of layer functions:
 - ``forward_sequence``: a causal pass over whole sequences (prefill and training); GDN layers use
   fla's chunk kernel on CUDA when it is installed, else a chunked closed form in torch.
 - ``verify``: one tree window per request on top of the committed caches. GDN layers run the tree
-  conv1d and either TreeWY verify (``reconstruct``) or the store-all recurrence (``store_all``)
-  from the committed state; attention layers see the committed prefix plus the window's ancestor
-  mask, at positions prefix length + depth.
-- ``commit``: after acceptance, GDN and conv states move to the accepted node and the KV caches
-  keep only the accepted path.
+  conv1d and either TreeWY verify (``reconstruct``, with the previous step's commit folded in) or
+  the store-all recurrence (``store_all``) from the committed state; attention layers see the
+  committed prefix plus the window's ancestor mask, at positions prefix length + depth.
+- ``commit``: after acceptance, conv states move to the accepted node, the KV caches keep only the
+  accepted path, and the GDN state moves too: store_all picks the accepted snapshot, reconstruct
+  leaves a pending commit for the next verify.
 
 Layouts follow DESIGN.md section 3: q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV];
 GDN state [B, HV, V, K] in fp32 (transformers' own cache is [B, HV, K, V]).
@@ -25,7 +26,8 @@ from treewy.models.backends import Ops
 from treewy.models.cache import HybridCache
 from treewy.models.layers import attn_window, conv_weight, gdn_inputs, gdn_output, gdn_project, gdn_sequence, mlp, rope
 from treewy.models.spec import GDN_MODES, HybridSpec
-from treewy.tree import ancestor_mask
+from treewy.ops.pending import PendingCommit
+from treewy.tree import DraftTree, ancestor_mask
 
 
 def forward_sequence(spec: HybridSpec, input_ids: torch.Tensor, use_fla: bool | None = None,
@@ -88,6 +90,24 @@ def prefill(spec: HybridSpec, cache: HybridCache, prompts: list[list[int]], devi
 # Tree verify and commit
 # ----------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Window:
+    """A validated draft tree on the device, built once per ``generate``: what every step's verify,
+    acceptance and commit read, so none of them converts or validates parents again."""
+    parents: torch.Tensor   # int32 [T], contiguous: the ops' shared topology (batch stride 0)
+    rows: torch.Tensor      # int64 [B, T]: the same parents per request (acceptance, gathers)
+    anc: torch.Tensor       # bool [B, T, T]: inclusive ancestor mask (attention among window tokens)
+    depth: torch.Tensor     # int64 [T]
+    max_depth: int
+
+    @classmethod
+    def of(cls, tree: DraftTree, B: int, device) -> Window:
+        par = tree.parents.to(device=device, dtype=torch.int32).contiguous()
+        anc = ancestor_mask(tree.parents).to(device)
+        return cls(par, par.long()[None].expand(B, -1).contiguous(), anc[None].expand(B, -1, -1),
+                   tree.depth.long().to(device), tree.max_depth)
+
+
 @dataclass
 class Pending:
     """What verify leaves for commit, per layer."""
@@ -96,18 +116,20 @@ class Pending:
     transient_bytes: int = 0                  # per request: U (reconstruct) or the T snapshots (store_all)
 
 
-def verify(spec: HybridSpec, cache: HybridCache, tokens: torch.Tensor, parents: torch.Tensor,
-           mode: str, ops: Ops):
-    """Run a tree window per request. tokens, parents [B, T] (parents validated, int64, on device).
+def verify(spec: HybridSpec, cache: HybridCache, tokens: torch.Tensor, window: Window, mode: str, ops: Ops):
+    """Run a tree window per request. tokens [B, T]; ``window`` the tree on the device.
+
+    reconstruct verifies from the state with the previous step's pending commit folded in
+    (``ops.tree_step``); store_all from the committed snapshot. One host sync: the longest committed
+    prefix, which sizes the attention layers' past. The caller sizes the KV caches (``generate``: the
+    longest prompt + max_new_tokens + T + 1 positions).
 
     Returns (logits [B, T, vocab], hidden [B, T, hidden], Pending).
     """
     if mode not in GDN_MODES:
         raise ValueError(f"mode = {mode!r}: expected one of {GDN_MODES}")
-    B, T = tokens.shape
-    anc = ancestor_mask(parents)                                        # [B, T, T] inclusive
-    depth = anc.sum(-1) - 1
-    positions = cache.lens[:, None] + depth
+    L = int(cache.lens.max())
+    positions = cache.lens[:, None] + window.depth
     h = spec.embed(tokens)
     cos, sin = rope(spec, h, positions)
     pend = Pending()
@@ -115,23 +137,9 @@ def verify(spec: HybridSpec, cache: HybridCache, tokens: torch.Tensor, parents: 
         r = h
         x = layer.input_layernorm(h)
         if spec.kinds[i] == "gdn":
-            gdn = layer.linear_attn
-            mixed, z, b, a = gdn_project(gdn, x)
-            mixed = mixed.contiguous()
-            y = ops.tree_conv1d(mixed, conv_weight(gdn), cache.conv[i], parents, gdn.conv1d.bias, "silu")
-            q, k, v, g, beta = gdn_inputs(gdn, y, b, a)
-            S0 = cache.committed_state(i)
-            if mode == "reconstruct":
-                o, u = ops.tree_verify(q, k, v, g, beta, S0, parents)
-                pend.gdn[i] = ("reconstruct", mixed, u, k, g, S0)
-                pend.transient_bytes += u.numel() * u.element_size() // B
-            else:
-                o, states = ops.store_all_verify(q, k, v, g, beta, S0, parents)
-                pend.gdn[i] = ("store_all", mixed, states)
-                pend.transient_bytes += states.numel() * states.element_size() // B
-            x = gdn_output(gdn, o, z, x.dtype)
+            x = _gdn_window(cache, layer.linear_attn, x, i, window, mode, ops, pend)
         else:
-            x, kw, vw = attn_window(layer.self_attn, x, cos, sin, cache.kv[i].past(), anc)
+            x, kw, vw = attn_window(layer.self_attn, x, cos, sin, cache.kv[i].past(L), window.anc)
             pend.kv[i] = (kw, vw)
         h = r + x
         h = h + mlp(layer, layer.post_attention_layernorm(h))
@@ -139,20 +147,43 @@ def verify(spec: HybridSpec, cache: HybridCache, tokens: torch.Tensor, parents: 
     return spec.lm_head(h), h, pend
 
 
-def commit(spec: HybridSpec, cache: HybridCache, pend: Pending, parents: torch.Tensor,
-           accepted: torch.Tensor, path: torch.Tensor, length: torch.Tensor, ops: Ops,
-           live: torch.Tensor | None = None) -> None:
+def _gdn_window(cache, gdn, x, i, window, mode, ops, pend):
+    """One GDN layer over the window: tree conv1d, then TreeWY (reconstruct) or the store-all recurrence."""
+    B = x.shape[0]
+    mixed, z, b, a = gdn_project(gdn, x)
+    mixed = mixed.contiguous()
+    y = ops.tree_conv1d(mixed, conv_weight(gdn), cache.conv[i], window.parents, gdn.conv1d.bias, "silu")
+    q, k, v, g, beta = gdn_inputs(gdn, y, b, a)
+    if mode == "reconstruct":
+        o, u = ops.tree_step(q, k, v, g, beta, cache.state_view(i), window.parents, cache.pending.pop(i, None))
+        pend.gdn[i] = ("reconstruct", mixed, u, k, g)
+        pend.transient_bytes += u.numel() * u.element_size() // B
+    else:
+        o, states = ops.store_all_verify(q, k, v, g, beta, cache.committed_state(i), window.parents)
+        pend.gdn[i] = ("store_all", mixed, states)
+        pend.transient_bytes += states.numel() * states.element_size() // B
+    return gdn_output(gdn, o, z, x.dtype)
+
+
+def commit(spec: HybridSpec, cache: HybridCache, pend: Pending, window: Window, accepted: torch.Tensor,
+           path: torch.Tensor, length: torch.Tensor, ops: Ops, live: torch.Tensor | None = None,
+           defer: bool = True) -> None:
     """Move every cache to the accepted node. accepted, length [B]; path [B, n] (root..accepted, -1 padded).
 
-    Requests with live = False keep their KV caches and lengths (their GDN rows are don't-care).
+    reconstruct records the GDN commit as a PendingCommit that the next verify applies (``defer``;
+    False applies it now); store_all moves ``slot`` to the accepted snapshot. Conv states and KV
+    caches are committed at once. Requests with live = False keep their KV caches and lengths (their
+    GDN rows are don't-care). No host sync.
     """
     count = length if live is None else length * live.long()
+    acc32 = accepted.to(torch.int32)
     for i, entry in pend.gdn.items():
-        mixed = entry[1]
-        cache.conv[i] = ops.tree_conv1d_commit(mixed, cache.conv[i], parents, accepted).to(cache.conv[i].dtype)
+        cache.conv[i] = ops.tree_conv1d_commit(entry[1], cache.conv[i], window.parents, acc32)
         if entry[0] == "reconstruct":
-            _, _, u, k, g, S0 = entry
-            cache.ssm[i] = ops.tree_commit(S0, u, k, g, parents, accepted).float()[:, None]
+            _, _, u, k, g = entry
+            cache.defer(i, PendingCommit(u, k, g, window.parents, acc32), ops.flush)
+            if not defer:
+                cache.flush(i)
         else:
             cache.ssm[i] = entry[2]  # the pool of T snapshots; the committed one is picked by slot
     if pend.gdn:
