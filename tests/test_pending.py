@@ -85,6 +85,34 @@ def test_both_kernels_fold_the_same_commit(kernel):
     assert rel(state, rS) < 1e-6 and rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5
 
 
+@pytest.mark.parametrize("T", [1, 4, 7])
+def test_chain_kernel_matches_the_reference(T):
+    """The node-by-node recurrence kernel on chain windows: pending from a tree, an idle slot, num_nodes."""
+    gen = torch.Generator().manual_seed(17 + T)
+    B, H, HV, K, V = 3, 1, 2, 20, 24
+    S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(DEVICE)
+    prev, chain = DraftTree.from_widths((2, 2)), DraftTree.chain(T - 1)
+    w0, w1 = window(B, prev.num_nodes, H, HV, K, V, gen), window(B, T, H, HV, K, V, gen)
+    _, u0 = tree_verify(*w0, S, prev)
+    acc = torch.tensor([6, 3, -1])
+    ro, ru, rS = naive_tree_step(*[x.double() for x in w1], S.double(), chain,
+                                 pending=PendingCommit(u0.double(), w0[1].double(), w0[3].double(), prev, acc))
+    state = S.clone()
+    o, u = tree_verify(*w1, state, chain, pending=PendingCommit(u0, w0[1], w0[3], prev, acc), kernel="chain")
+    assert rel(state, rS) < 1e-6 and rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5
+    nn = torch.tensor([T, max(T - 2, 0), 0])
+    o2, u2 = tree_verify(*w1, S.clone(), chain, num_nodes=nn, kernel="chain")
+    ro2, ru2 = tree_verify(*w1, S.clone(), chain, num_nodes=nn)
+    assert rel(o2, ro2) < 1e-5 and rel(u2, ru2) < 1e-5 and not o2[2].any()
+    with pytest.raises(ValueError, match="chain"):
+        tree_verify(*window(B, 3, H, HV, K, V, gen), S.clone(), DraftTree.from_widths((2,)), kernel="chain")
+
+
+def test_chain_kernel_folds_fifty_steps_without_drift():
+    r = folded_drift(50, trees=[DraftTree.chain(3), DraftTree.chain(1)], kernel="chain", check_every=10)
+    assert r["state_err"] < 1e-5 and r["out_err"] < 1e-5, r
+
+
 def test_bf16_state_and_l2norm_in_kernel():
     gen = torch.Generator().manual_seed(5)
     B, H, HV, K, V = 2, 1, 2, 16, 16

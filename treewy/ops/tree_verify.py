@@ -19,7 +19,9 @@ Two kernels, chosen by the padded window size BT = next_pow2(T):
 - ``tree_verify_dot_kernel`` (larger trees): tensor-core dot products in "tf32x3" (fp32-level
   error) on the GPU, "ieee" under the interpreter; the solve is the finite Neumann series in
   Horner form (as many products as the tree is deep).
-Both walk the parent pointers from a device tensor (CUDA-graph capturable, no host branching).
+- ``tree_verify_chain_kernel`` (``kernel="chain"``, chains only): the recurrence node by node on the
+  state tile, like fla's fused_recurrent, writing o and u and no state (exact fp32).
+All walk the parent pointers from a device tensor (CUDA-graph capturable, no host branching).
 On a machine without CUDA, importing this module sets TRITON_INTERPRET=1 (see _triton.py).
 """
 
@@ -192,7 +194,8 @@ def tree_verify_fma_kernel(
     m_t = o_t < n_b
 
     if HAS_PENDING:
-        a, on, rows, b_C, b_uw = _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT, HV, V, BPT)
+        a, on, rows, b_C, b_uw = _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT,
+                                               HV, V, BPT)
         b_rpk = _pending_key_scale(on, rows, i_h, pk, H, K, BK, BPT, PENDING_L2NORM)
     else:
         a, on, rows, b_C, b_uw, b_rpk = 0, 0, 0, 0.0, 0.0, 0.0
@@ -254,6 +257,67 @@ def tree_verify_fma_kernel(
         tl.store(o + p_row_tv, o_row.to(o.dtype.element_ty), mask=m_row_v)
 
 
+def _chain_configs():
+    if INTERPRET:
+        return [triton.Config({"BV": 16}, num_warps=1)]
+    return [triton.Config({"BV": bv}, num_warps=w, num_stages=s) for bv, w, s in ((8, 1, 3), (16, 1, 3), (16, 2, 3), (32, 4, 1))]
+
+
+@triton.autotune(configs=_chain_configs(), key=_KEY, restore_value=["h0"],
+                 prune_configs_by=None if INTERPRET else {"early_config_prune": _fit_v}, **_AUTOTUNE_EXTRA)
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_hb", "stride_ppb"])
+def tree_verify_chain_kernel(
+    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
+    stride_pb, stride_hb, stride_ppb, scale,
+    B, T, PT, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr,
+    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr,
+    PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Chains only (parents[t] = t - 1, not read): the recurrence node by node on the state tile in
+    registers, as fla's fused_recurrent does, writing o_t and u_t = beta_t (v_t - exp(g_t) S_{t-1} k_t)
+    and no state (the commit stays pending). Every vector is a slice of the state tile's layout."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    i_b64 = i_b.to(tl.int64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v, m_k = o_v < V, o_k < K
+    n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
+
+    if HAS_PENDING:
+        a, on, rows, b_C, b_uw = _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT,
+                                               HV, V, BPT)
+        b_rpk = _pending_key_scale(on, rows, i_h, pk, H, K, BK, BPT, PENDING_L2NORM)
+    else:
+        a, on, rows, b_C, b_uw, b_rpk = 0, 0, 0, 0.0, 0.0, 0.0
+    b_h = _state_tile(h0, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pk, a, on, rows, b_C, b_uw, b_rpk,
+                      H, K, V, BPT, HAS_PENDING, DOT_PRECISION)
+
+    for t in range(0, T):
+        i_row = i_b64 * T + t
+        p_tv = (i_row * HV + i_hv) * V + o_v
+        if t < n_b:
+            b_k = tl.load(k + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
+            b_q = tl.load(q + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
+            b_v = tl.load(v + p_tv, mask=m_v, other=0).to(tl.float32)
+            if USE_QK_L2NORM_IN_KERNEL:
+                b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+                b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+            b_g = tl.load(g + i_row * HV + i_hv).to(tl.float32)
+            b_beta = tl.load(beta + i_row * HV + i_hv).to(tl.float32)
+            b_h *= tl.exp(b_g)
+            b_u = b_beta * (b_v - tl.sum(b_h * b_k[None, :], 1))
+            b_h += b_u[:, None] * b_k[None, :]
+            b_o = tl.sum(b_h * b_q[None, :], 1) * scale
+        else:
+            b_u = tl.zeros([BV], dtype=tl.float32)
+            b_o = tl.zeros([BV], dtype=tl.float32)
+        tl.store(u + p_tv, b_u, mask=m_v)
+        tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_v)
+
+
 @triton.autotune(configs=_dot_configs(), key=_KEY, restore_value=["h0"],
                  prune_configs_by=None if INTERPRET else {"early_config_prune": _prune_dot}, **_AUTOTUNE_EXTRA)
 @triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_hb", "stride_ppb"])
@@ -276,7 +340,8 @@ def tree_verify_dot_kernel(
     m_t = o_t < n_b
 
     if HAS_PENDING:
-        a, on, rows, b_C, b_uw = _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT, HV, V, BPT)
+        a, on, rows, b_C, b_uw = _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT,
+                                               HV, V, BPT)
         b_rpk = _pending_key_scale(on, rows, i_h, pk, H, K, BK, BPT, PENDING_L2NORM)
     else:
         a, on, rows, b_C, b_uw, b_rpk = 0, 0, 0, 0.0, 0.0, 0.0
@@ -343,8 +408,11 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
 
     ``pending``: a PendingCommit whose parents and accepted are int32 device tensors (validated), or
     None; ``initial_state`` is then updated in place. ``kernel``: "fma" or "dot" to override the
-    choice by window size (benchmarks).
+    choice by window size, or "chain" for windows known to be chains (parents[t] = t - 1, not
+    checked here: ``tree_verify`` checks it).
     """
+    if kernel not in (None, "fma", "dot", "chain"):
+        raise ValueError(f"kernel = {kernel!r}: expected None, 'fma', 'dot' or 'chain'")
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     o = torch.empty_like(v)
@@ -361,7 +429,7 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     else:
         pu = pk = pg = ppar = pacc = u
         PT, stride_ppb, pl2 = 1, 0, False
-    fn = tree_verify_fma_kernel if kernel == "fma" else tree_verify_dot_kernel
+    fn = {"fma": tree_verify_fma_kernel, "dot": tree_verify_dot_kernel, "chain": tree_verify_chain_kernel}[kernel]
 
     def grid(meta):
         return (triton.cdiv(V, meta["BV"]), B * HV)
@@ -369,7 +437,7 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     fn[grid](
         q, k, v, g, beta, initial_state, parents, num_nodes if num_nodes is not None else parents, o, u,
         pu, pk, pg, ppar, pacc, stride_pb, initial_state.stride(0), stride_ppb, scale,
-        B=B, T=T, PT=PT, H=H, HV=HV, K=K, V=V, BT=BT, **({"BK": triton.next_power_of_2(K)} if kernel == "fma" else {}),
+        B=B, T=T, PT=PT, H=H, HV=HV, K=K, V=V, BT=BT, **({"BK": triton.next_power_of_2(K)} if kernel != "dot" else {}),
         BPT=triton.next_power_of_2(max(PT, 2)),
         USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, HAS_NUM_NODES=num_nodes is not None,
         HAS_PENDING=pending is not None, PENDING_L2NORM=pl2, DOT_PRECISION=dot_precision or DEFAULT_DOT_PRECISION,
@@ -378,7 +446,7 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
 
 
 def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2norm_in_kernel=False,
-                num_nodes=None, pending=None):
+                num_nodes=None, pending=None, kernel=None):
     """Outputs and pseudo-values of every tree node in one launch (kernel twin of ``naive_tree_verify``).
 
     q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] (bf16 or fp32); initial_state
@@ -392,6 +460,9 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     accepted = -1 are left as they are), then the window is verified from it. The next step's
     pending commit is ``PendingCommit(u, k, g, parents, accepted)`` of this window.
 
+    kernel: None (chosen by window size), "fma", "dot", or "chain" (the node-by-node recurrence, for
+    windows whose every request is a chain).
+
     While a CUDA graph is being captured only metadata is checked: pass int32 device tensors
     validated beforehand.
     """
@@ -400,6 +471,11 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
                                                        max_nodes=MAX_KERNEL_NODES, values=values)
     if pending is not None:
         pending = check_pending(pending, initial_state, dims, values=values)
+    if kernel == "chain" and values:
+        chain = torch.arange(-1, dims.T - 1, device=par.device, dtype=par.dtype)
+        if not bool((par == chain).all()):
+            raise ValueError("kernel='chain' needs every request's window to be a chain (parents[t] = t - 1); "
+                             "leave kernel=None for trees")
     scale = dims.K ** -0.5 if scale is None else float(scale)
     return tree_verify_fwd(q, k, v, g, beta, initial_state, par, stride_pb, scale, use_qk_l2norm_in_kernel, nn,
-                           pending=pending)
+                           pending=pending, kernel=kernel)
