@@ -120,6 +120,17 @@ def node_errors_chart(errors: pl.DataFrame, title: str) -> alt.LayerChart:
                                      title=title)
 
 
+def drift_chart(history: pl.DataFrame, tol: float, title: str) -> alt.LayerChart:
+    """Committed-state error (log scale) after each checkpoint of folded steps, with the tolerance rule."""
+    base = alt.Chart(history).encode(x=alt.X("step:Q", title="folded steps"))
+    line = base.mark_line(point=True, color="#1b9e77").encode(
+        y=alt.Y("state_err:Q", scale=alt.Scale(type="log", domain=[1e-9, 10 * tol]),
+                title="state error vs fp64 recurrence"),
+        tooltip=["step:Q", alt.Tooltip("state_err:Q", format=".2e")])
+    rule = alt.Chart(pl.DataFrame({"tol": [tol]})).mark_rule(color="#b00020", strokeDash=[4, 3]).encode(y="tol:Q")
+    return (line + rule).properties(width=420, height=200, title=title)
+
+
 def kernel_timing_chart(results: pl.DataFrame, title: str) -> alt.LayerChart:
     """Microseconds per provider and tree (ordered by nodes), with the roofline as a dashed line."""
     order = results.sort("num_nodes")["tree"].unique(maintain_order=True).to_list()

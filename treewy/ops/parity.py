@@ -39,8 +39,9 @@ def _row(op, shape, dtype, B, T, H, HV, K, V, err, tol):
 def kernel_parity_rows(device=None, quick: bool = True) -> list[dict]:
     """Rows {op, shape, dtype, B, T, H, HV, K, V, err, tol, ok} for verify, commit, store-all and conv."""
     from treewy.ops import (
-        naive_tree_commit, naive_tree_conv1d, naive_tree_conv1d_commit, naive_tree_recurrent, naive_tree_verify,
-        store_all_verify, tree_commit, tree_conv1d, tree_conv1d_commit, tree_verify,
+        PendingCommit, naive_tree_commit, naive_tree_conv1d, naive_tree_conv1d_commit, naive_tree_recurrent,
+        naive_tree_step, naive_tree_verify, store_all_verify, tree_commit, tree_conv1d, tree_conv1d_commit,
+        tree_verify,
     )
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -76,6 +77,14 @@ def kernel_parity_rows(device=None, quick: bool = True) -> list[dict]:
                 tree_commit(st, u, xd.k, xd.g, xd.parents, acc)
                 worst = max(worst, rel_err(st, ref))
             rows.append(_row("tree_commit", shape, dt, B, T, H, HV, K, V, worst, FP32_TOL))
+            # the previous window's commit (this window, its last node) folded into a verify of it
+            acc = torch.full((B,), T - 1, dtype=torch.int32)
+            pend = PendingCommit(u, xd.k, xd.g, xd.parents, acc.to(device))
+            ro2, ru2, rS2 = naive_tree_step(*x.args(), pending=PendingCommit(ru, x.k, x.g, x.parents, acc))
+            st = xd.initial_state.clone()
+            o2, u2 = tree_verify(*xd.args()[:5], st, xd.parents, pending=pend)
+            rows.append(_row("tree_verify + pending", shape, dt, B, T, H, HV, K, V,
+                             max(rel_err(o2, ro2), rel_err(u2, ru2), rel_err(st, rS2)), FP32_TOL))
             so, states = store_all_verify(*xd.args())
             rso, rstates = naive_tree_recurrent(*x.args())
             rows.append(_row("store_all_verify", shape, dt, B, T, H, HV, K, V,
@@ -133,7 +142,7 @@ def folded_drift(steps: int = 200, B: int = 2, H: int = 1, HV: int = 1, K: int =
     trees: a list of DraftTrees drawn from at random each step (default: random topologies of 1-6
     nodes, and 17-19 every eighth step so both kernels run). Returns {"state_err": worst relative
     RMS error of the flushed state against the recurrence over the checkpoints, "final_state_err",
-    "out_err": worst output error, "steps"}. ``kernel``: as in tree_verify_fwd (None: by window size).
+    "out_err": worst output error, "steps", "history": [{"step", "state_err"}] per checkpoint}. ``kernel``: as in tree_verify_fwd (None: by window size).
     ``progress``: optional callable(step) for a status line.
     """
     from treewy.ops import PendingCommit, flush_pending, naive_tree_recurrent
@@ -143,7 +152,7 @@ def folded_drift(steps: int = 200, B: int = 2, H: int = 1, HV: int = 1, K: int =
     gen = torch.Generator().manual_seed(seed)
     S_ref = torch.randn(B, HV, V, K, generator=gen, dtype=torch.float64).to(device) * 0.3
     state = S_ref.float()
-    pend, worst_state, worst_out, final = None, 0.0, 0.0, None
+    pend, worst_state, worst_out, final, history = None, 0.0, 0.0, None, []
     for step in range(steps):
         if trees is None:
             T = int(torch.randint(1, 7, (1,), generator=gen)) if step % 8 else 17 + step % 3
@@ -165,6 +174,8 @@ def folded_drift(steps: int = 200, B: int = 2, H: int = 1, HV: int = 1, K: int =
         if step % check_every == check_every - 1 or step == steps - 1:
             final = rel_err(flush_pending(state.clone(), pend), S_ref)
             worst_state = max(worst_state, final)
+            history.append({"step": step + 1, "state_err": final})
         if progress is not None:
             progress(step)
-    return {"state_err": worst_state, "final_state_err": final, "out_err": worst_out, "steps": steps}
+    return {"state_err": worst_state, "final_state_err": final, "out_err": worst_out, "steps": steps,
+            "history": history}
