@@ -66,9 +66,9 @@ def test_folded_commit_matches_flush_then_verify(name, B, H, HV, K, V, prev, new
     assert rel(flushed, rS) < 1e-6
 
 
-@pytest.mark.parametrize("kernel", ["fma", "dot"])
-def test_both_kernels_fold_the_same_commit(kernel):
-    """Force each kernel on a window both can take (T = 7), pending from per-request random trees."""
+@pytest.mark.parametrize("kernel", ["fma", "dot", "dot_head"])
+def test_every_tree_kernel_folds_the_same_commit(kernel):
+    """Force each tree kernel on a window all can take (T = 7), pending from per-request random trees."""
     gen = torch.Generator().manual_seed(3)
     B, H, HV, K, V, T = 3, 1, 2, 16, 20, 7
     S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(DEVICE)
@@ -108,8 +108,10 @@ def test_chain_kernel_matches_the_reference(T):
         tree_verify(*window(B, 3, H, HV, K, V, gen), S.clone(), DraftTree.from_widths((2,)), kernel="chain")
 
 
-def test_chain_kernel_folds_fifty_steps_without_drift():
-    r = folded_drift(50, trees=[DraftTree.chain(3), DraftTree.chain(1)], kernel="chain", check_every=10)
+@pytest.mark.parametrize("kernel,trees", [("chain", [DraftTree.chain(3), DraftTree.chain(1)]),
+                                          ("dot_head", [DraftTree.from_widths((2, 2)), DraftTree.chain(2)])])
+def test_forced_kernels_fold_forty_steps_without_drift(kernel, trees):
+    r = folded_drift(40, trees=trees, kernel=kernel, check_every=10)
     assert r["state_err"] < 1e-5 and r["out_err"] < 1e-5, r
 
 
@@ -216,3 +218,22 @@ def test_cuda_graph_replay_of_folded_step_matches_eager():
         eo, eu = tree_verify(*new, es, par, pending=PendingCommit(u0, w0[1], w0[3], par, a))
         torch.cuda.synchronize()
         assert torch.equal(o, eo) and torch.equal(u, eu) and torch.equal(state, es)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel,widths", [("fma", (1, 1, 1)), ("chain", (1, 1, 1)), ("dot", (3, 3, 3)),
+                                           ("dot_head", (3, 3, 3)), ("dot_head", (1, 1, 1))])
+def test_every_kernel_at_model_shapes(kernel, widths):
+    """Each kernel forced at Qwen3.5-35B-A3B's GDN shapes (B = 3, fp32 inputs) against the fp64 reference."""
+    tree = DraftTree.from_widths(widths)
+    B, T, H, HV, K, V = 3, tree.num_nodes, 16, 32, 128, 128
+    gen = torch.Generator().manual_seed(5)
+    S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).cuda()
+    w0, w1 = window(B, T, H, HV, K, V, gen), window(B, T, H, HV, K, V, gen)
+    _, u0 = tree_verify(*w0, S, tree)
+    acc = torch.tensor([T - 1, 0, -1])
+    ro, ru, rS = naive_tree_step(*[x.double() for x in w1], S.double(), tree,
+                                 pending=PendingCommit(u0.double(), w0[1].double(), w0[3].double(), tree, acc))
+    state = S.clone()
+    o, u = tree_verify(*w1, state, tree, pending=PendingCommit(u0, w0[1], w0[3], tree, acc), kernel=kernel)
+    assert rel(state, rS) < 1e-5 and rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5

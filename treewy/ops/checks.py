@@ -149,7 +149,8 @@ def check_pending(pending, state: torch.Tensor, dims: GDNDims, *, values: bool):
     B, H, HV, K, V = dims.B, dims.H, dims.HV, dims.K, dims.V
     u = pending.u
     if u.ndim != 4 or u.shape[0] != B or tuple(u.shape[2:]) != (HV, V):
-        raise ValueError(f"pending.u has shape {tuple(u.shape)}, expected [B, T_prev, HV, V] = [{B}, T_prev, {HV}, {V}]")
+        raise ValueError(f"pending.u has shape {tuple(u.shape)}, expected [B, T_prev, HV, V] = "
+                         f"[{B}, T_prev, {HV}, {V}]")
     PT = u.shape[1]
     _shape("pending.k", pending.k, (B, PT, H, K), "[B, T_prev, H, K]: the previous window's keys")
     _shape("pending.g", pending.g, (B, PT, HV), "[B, T_prev, HV]: the previous window's log decays")

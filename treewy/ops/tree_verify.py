@@ -44,6 +44,9 @@ MAX_KERNEL_NODES = 128
 #: Largest padded window handled by the FMA kernel; larger windows use tensor-core dot products.
 FMA_MAX_BT = 8
 
+#: The kernels ``tree_verify_fwd(kernel=...)`` can force (None chooses "fma" or "dot" by window size).
+KERNELS = ("fma", "dot", "dot_head", "chain")
+
 #: Dot-product precision of the dot kernel: "tf32x3" (three tf32 tensor-core passes, fp32-level
 #: error; the GPU default), "ieee" (plain fp32, slow at these shapes), "tf32" (fast, ~1e-4 error).
 DEFAULT_DOT_PRECISION = "ieee" if INTERPRET else "tf32x3"
@@ -402,24 +405,116 @@ def tree_verify_dot_kernel(
     tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_store)
 
 
+@triton.autotune(configs=_dot_configs(), key=_KEY, restore_value=["h0"],
+                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune_dot}, **_AUTOTUNE_EXTRA)
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_hb", "stride_ppb"])
+def tree_verify_dot_head_kernel(
+    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
+    stride_pb, stride_hb, stride_ppb, scale,
+    B, T, PT, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr,
+    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr,
+    PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """The dot kernel with one program per (request, value head): the V-independent work (ancestors,
+    K K^T, Q K^T and (I + M)^-1 by the Neumann series) is done once, then the value tiles stream
+    through, U = (I + M)^-1 R taking one product per tile. Grid (1, B * HV)."""
+    i_bh = tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    i_b64 = i_b.to(tl.int64)
+    o_t = tl.arange(0, BT)
+    n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
+    m_t = o_t < n_b
+    m_anc, b_G, n_depth = _ancestors(parents, g, i_b64, i_hv, o_t, m_t, stride_pb, T, HV)
+
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    b_QK = tl.zeros([BT, BT], dtype=tl.float32)
+    b_nk = tl.zeros([BT], dtype=tl.float32)
+    b_nq = tl.zeros([BT], dtype=tl.float32)
+    p_qk_row = (i_b64 * T + o_t) * H + i_h
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_tk = m_t[:, None] & (o_k < K)[None, :]
+        b_k = tl.load(k + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+        b_q = tl.load(q + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+        b_A += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PRECISION)
+        b_QK += tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)
+        b_nk += tl.sum(b_k * b_k, 1)
+        b_nq += tl.sum(b_q * b_q, 1)
+    b_rk = tl.zeros([BT], dtype=tl.float32) + 1.0
+    b_rq = tl.zeros([BT], dtype=tl.float32) + 1.0
+    if USE_QK_L2NORM_IN_KERNEL:
+        b_rk = 1.0 / tl.sqrt(b_nk + 1e-6)
+        b_rq = 1.0 / tl.sqrt(b_nq + 1e-6)
+        b_A = b_A * b_rk[:, None] * b_rk[None, :]
+        b_QK = b_QK * b_rq[:, None] * b_rk[None, :]
+
+    m_strict = m_anc & (o_t[:, None] != o_t[None, :])
+    b_diff = b_G[:, None] - b_G[None, :]
+    b_beta = tl.load(beta + (i_b64 * T + o_t) * HV + i_hv, mask=m_t, other=0).to(tl.float32)
+    b_M = tl.where(m_strict, tl.exp(tl.where(m_strict, b_diff, float("-inf"))) * b_A, 0.0) * b_beta[:, None]
+    b_P = tl.where(m_anc, tl.exp(tl.where(m_anc, b_diff, float("-inf"))) * b_QK, 0.0) * scale
+    b_eG = tl.exp(b_G)
+    # (I + M)^-1 = I - M (I - M (I - ...)): M is nilpotent of order depth + 1
+    b_I = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
+    b_Minv = b_I
+    for _ in range(n_depth):
+        b_Minv = b_I - tl.dot(b_M, b_Minv, input_precision=DOT_PRECISION)
+
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        if HAS_PENDING:
+            a, on, rows, b_C, b_uw = _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT,
+                                                   HV, V, BPT)
+            b_rpk = _pending_key_scale(on, rows, i_h, pk, H, K, BK, BPT, PENDING_L2NORM)
+        else:
+            a, on, rows, b_C, b_uw, b_rpk = 0, 0, 0, 0.0, 0.0, 0.0
+        b_hk = tl.zeros([BT, BV], dtype=tl.float32)
+        b_hq = tl.zeros([BT, BV], dtype=tl.float32)
+        for i_k in range(0, tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            b_h = _state_tile(h0, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pk, a, on, rows, b_C, b_uw,
+                              b_rpk, H, K, V, BPT, HAS_PENDING, DOT_PRECISION)
+            m_tk = m_t[:, None] & m_k[None, :]
+            b_k = tl.load(k + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+            b_q = tl.load(q + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+            b_ht = tl.trans(b_h)
+            b_hk += tl.dot(b_k, b_ht, input_precision=DOT_PRECISION)
+            b_hq += tl.dot(b_q, b_ht, input_precision=DOT_PRECISION)
+        b_hk = b_hk * b_rk[:, None]
+        b_hq = b_hq * b_rq[:, None]
+        p_tv = (i_b64 * T + o_t[:, None]) * HV * V + i_hv * V + o_v[None, :]
+        b_v = tl.load(v + p_tv, mask=m_t[:, None] & m_v[None, :], other=0).to(tl.float32)
+        b_R = b_beta[:, None] * (b_v - b_eG[:, None] * b_hk)
+        b_U = tl.dot(b_Minv, b_R, input_precision=DOT_PRECISION)
+        b_o = b_eG[:, None] * b_hq * scale + tl.dot(b_P, b_U, input_precision=DOT_PRECISION)
+        m_store = (o_t[:, None] < T) & m_v[None, :]
+        tl.store(u + p_tv, b_U, mask=m_store)
+        tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_store)
+
+
 def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, use_qk_l2norm_in_kernel=False,
                     num_nodes=None, dot_precision=None, pending=None, kernel=None):
     """Launcher: inputs already validated; parents int32 on the inputs' device. Returns (o, u fp32).
 
     ``pending``: a PendingCommit whose parents and accepted are int32 device tensors (validated), or
     None; ``initial_state`` is then updated in place. ``kernel``: "fma" or "dot" to override the
-    choice by window size, or "chain" for windows known to be chains (parents[t] = t - 1, not
-    checked here: ``tree_verify`` checks it).
+    choice by window size, "dot_head" (one program per request and value head, the V-independent
+    work done once), or "chain" for windows known to be chains (parents[t] = t - 1, not checked
+    here: ``tree_verify`` checks it).
     """
-    if kernel not in (None, "fma", "dot", "chain"):
-        raise ValueError(f"kernel = {kernel!r}: expected None, 'fma', 'dot' or 'chain'")
+    if kernel not in KERNELS and kernel is not None:
+        raise ValueError(f"kernel = {kernel!r}: expected None or one of {KERNELS}")
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     o = torch.empty_like(v)
     u = torch.empty(B, T, HV, V, device=v.device, dtype=torch.float32)
     BT = triton.next_power_of_2(max(T, 2))
     kernel = kernel or ("fma" if BT <= FMA_MAX_BT else "dot")
-    if kernel == "dot":
+    if kernel.startswith("dot"):
         BT = max(16, BT)
     if pending is not None:
         pu, pk, pg, ppar, pacc = pending.u, pending.k, pending.g, pending.parents, pending.accepted
@@ -429,15 +524,16 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     else:
         pu = pk = pg = ppar = pacc = u
         PT, stride_ppb, pl2 = 1, 0, False
-    fn = {"fma": tree_verify_fma_kernel, "dot": tree_verify_dot_kernel, "chain": tree_verify_chain_kernel}[kernel]
+    fn = {"fma": tree_verify_fma_kernel, "dot": tree_verify_dot_kernel, "dot_head": tree_verify_dot_head_kernel,
+          "chain": tree_verify_chain_kernel}[kernel]
 
     def grid(meta):
-        return (triton.cdiv(V, meta["BV"]), B * HV)
+        return (1 if kernel == "dot_head" else triton.cdiv(V, meta["BV"]), B * HV)
 
     fn[grid](
         q, k, v, g, beta, initial_state, parents, num_nodes if num_nodes is not None else parents, o, u,
         pu, pk, pg, ppar, pacc, stride_pb, initial_state.stride(0), stride_ppb, scale,
-        B=B, T=T, PT=PT, H=H, HV=HV, K=K, V=V, BT=BT, **({"BK": triton.next_power_of_2(K)} if kernel != "dot" else {}),
+        B=B, T=T, PT=PT, H=H, HV=HV, K=K, V=V, BT=BT, **({"BK": triton.next_power_of_2(K)} if not kernel.startswith("dot") else {}),
         BPT=triton.next_power_of_2(max(PT, 2)),
         USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, HAS_NUM_NODES=num_nodes is not None,
         HAS_PENDING=pending is not None, PENDING_L2NORM=pl2, DOT_PRECISION=dot_precision or DEFAULT_DOT_PRECISION,
@@ -460,8 +556,8 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     accepted = -1 are left as they are), then the window is verified from it. The next step's
     pending commit is ``PendingCommit(u, k, g, parents, accepted)`` of this window.
 
-    kernel: None (chosen by window size), "fma", "dot", or "chain" (the node-by-node recurrence, for
-    windows whose every request is a chain).
+    kernel: None (chosen by window size), "fma", "dot", "dot_head" or "chain" (the node-by-node
+    recurrence, for windows whose every request is a chain); see ``tree_verify_fwd``.
 
     While a CUDA graph is being captured only metadata is checked: pass int32 device tensors
     validated beforehand.
