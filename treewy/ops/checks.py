@@ -6,7 +6,7 @@ from dataclasses import astuple, dataclass
 
 import torch
 
-from treewy.tree import MAX_NODES, DraftTree, validate_parents
+from treewy.tree import DraftTree, validate_parents
 
 
 @dataclass(frozen=True)
@@ -133,44 +133,62 @@ def check_accepted(accepted, B: int, T: int, device, *, allow_none: bool = False
     return a.long()
 
 
-def check_pending(pending, state: torch.Tensor, dims: GDNDims, *, values: bool):
-    """Validate a PendingCommit against the state [B, HV, V, K] it will be folded into; return it with
-    int32 parents and accepted on the state's device. ``values`` also checks topology, finiteness and g."""
+def check_pending(pending, state: torch.Tensor, dims: GDNDims, *, max_nodes: int, values: bool):
+    """Validate a PendingCommit against the state [B, HV, V, K] it will be folded into (the checks of
+    ``tree_commit``, accepted = -1 allowed); return it with int32 parents and accepted on the state's device."""
     from dataclasses import replace
 
     from treewy.ops.pending import PendingCommit
 
     if not isinstance(pending, PendingCommit):
         raise ValueError(f"pending must be a treewy.ops.PendingCommit, got {type(pending).__name__}")
-    named = (("pending.u", pending.u), ("pending.k", pending.k), ("pending.g", pending.g))
-    for name, x in named:
-        check_tensor(name, x)
-    check_kernel_device(("initial_state", state), *named)
-    B, H, HV, K, V = dims.B, dims.H, dims.HV, dims.K, dims.V
-    u = pending.u
-    if u.ndim != 4 or u.shape[0] != B or tuple(u.shape[2:]) != (HV, V):
-        raise ValueError(f"pending.u has shape {tuple(u.shape)}, expected [B, T_prev, HV, V] = "
-                         f"[{B}, T_prev, {HV}, {V}]")
-    PT = u.shape[1]
-    _shape("pending.k", pending.k, (B, PT, H, K), "[B, T_prev, H, K]: the previous window's keys")
-    _shape("pending.g", pending.g, (B, PT, HV), "[B, T_prev, HV]: the previous window's log decays")
-    check_kernel_dtype("pending.u", u, (torch.float32,))
-    check_kernel_dtype("pending.k", pending.k, KERNEL_FLOAT_DTYPES)
-    check_kernel_dtype("pending.g", pending.g, KERNEL_FLOAT_DTYPES)
-    for name, x in named:
-        check_contiguous(name, x)
-    check_kernel_nodes(PT, MAX_NODES)
-    par, _ = kernel_parents(pending.parents, B, PT, state.device, values=values)
-    acc = pending.accepted
-    if values:
-        check_finite(**{"pending.u": u, "pending.k": pending.k, "pending.g": pending.g})
-        if bool((pending.g > 0).any()):
-            raise ValueError("pending.g has positive entries; g is a log decay and must be <= 0")
-        acc = check_accepted(acc, B, PT, state.device, allow_none=True).to(torch.int32).contiguous()
-    elif not (isinstance(acc, torch.Tensor) and acc.dtype == torch.int32 and acc.device == state.device
-              and tuple(acc.shape) == (B,)):
-        raise ValueError("pending.accepted must be an int32 [B] tensor on the state's device inside CUDA-graph capture")
+    par, _, acc = check_commit_inputs(state, pending.u, pending.k, pending.g, pending.parents, pending.accepted,
+                                      max_nodes=max_nodes, values=values, allow_none=True, prefix="pending.")
+    _shape("pending.k", pending.k, (dims.B, pending.u.shape[1], dims.H, dims.K),
+           "[B, T_prev, H, K]: the previous window's keys")
     return replace(pending, parents=par, accepted=acc)
+
+
+def check_commit_inputs(state, u, k, g, parents, accepted, *, max_nodes: int, values: bool, allow_none: bool = False,
+                        prefix: str = ""):
+    """Validate the inputs of a commit kernel (``tree_commit``, or a pending commit when ``prefix`` is
+    "pending."); return (parents int32, its batch stride, accepted int32 [B]). ``values`` also checks
+    topology, finiteness, g <= 0 and the accepted range (host syncs); pass False inside CUDA-graph capture."""
+    nu, nk, ng, na = (prefix + n for n in ("u", "k", "g", "accepted"))
+    state = check_tensor("state", state)
+    for name, x in ((nu, u), (nk, k), (ng, g)):
+        check_tensor(name, x, state.device)
+    check_kernel_device(("state", state), (nu, u), (nk, k), (ng, g))
+    if state.ndim != 4 or u.ndim != 4 or k.ndim != 4:
+        raise ValueError(f"state {tuple(state.shape)}, {nu} {tuple(u.shape)}, {nk} {tuple(k.shape)}: expected "
+                         "[B, HV, V, K], [B, T, HV, V] and [B, T, H, K]")
+    B, T, HV, V = u.shape
+    H, K = k.shape[2], k.shape[3]
+    if tuple(state.shape) != (B, HV, V, K) or tuple(k.shape[:2]) != (B, T) or HV % H != 0:
+        raise ValueError(f"state {tuple(state.shape)}, {nu} {tuple(u.shape)} and {nk} {tuple(k.shape)} disagree: "
+                         "expected state [B, HV, V, K], u [B, T, HV, V], k [B, T, H, K] with HV a multiple of H")
+    if tuple(g.shape) != (B, T, HV):
+        raise ValueError(f"{ng} has shape {tuple(g.shape)}, expected [B, T, HV] = [{B}, {T}, {HV}]")
+    check_kernel_dtype("state", state, STATE_DTYPES)
+    check_kernel_dtype(nu, u, (torch.float32,))
+    check_kernel_dtype(nk, k, KERNEL_FLOAT_DTYPES)
+    check_kernel_dtype(ng, g, KERNEL_FLOAT_DTYPES)
+    check_contiguous("state", state, inner=3)
+    for name, x in ((nu, u), (nk, k), (ng, g)):
+        check_contiguous(name, x)
+    check_kernel_nodes(T, max_nodes)
+    par, stride_pb = kernel_parents(parents, B, T, state.device, values=values)
+    if values:
+        check_finite(**{nu: u, nk: k, ng: g})
+        if bool((g > 0).any()):
+            raise ValueError(f"{ng} has positive entries; g is a log decay and must be <= 0")
+        acc = check_accepted(accepted, B, T, state.device, allow_none=allow_none).to(torch.int32)
+    else:
+        acc = accepted
+        if not (isinstance(acc, torch.Tensor) and acc.dtype == torch.int32 and acc.device == state.device
+                and tuple(acc.shape) == (B,)):
+            raise ValueError(f"{na} must be an int32 [B] tensor on the state's device inside CUDA-graph capture")
+    return par, stride_pb, acc.contiguous()
 
 
 # Checks for the Triton kernels: metadata only, so they never sync the host.

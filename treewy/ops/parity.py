@@ -142,8 +142,8 @@ def folded_drift(steps: int = 200, B: int = 2, H: int = 1, HV: int = 1, K: int =
     trees: a list of DraftTrees drawn from at random each step (default: random topologies of 1-6
     nodes, and 17-19 every eighth step so both kernels run). Returns {"state_err": worst relative
     RMS error of the flushed state against the recurrence over the checkpoints, "final_state_err",
-    "out_err": worst output error, "steps", "history": [{"step", "state_err"}] per checkpoint}. ``kernel``: as in tree_verify_fwd (None: by window size).
-    ``progress``: optional callable(step) for a status line.
+    "out_err": worst output error, "steps", "history": [{"step", "state_err"}] per checkpoint}.
+    ``kernel``: as in tree_verify_fwd (None: by window size). ``progress``: optional callable(step).
     """
     from treewy.ops import PendingCommit, flush_pending, naive_tree_recurrent
     from treewy.ops.tree_verify import tree_verify_fwd

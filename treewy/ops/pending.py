@@ -69,12 +69,7 @@ def flush_pending(state: torch.Tensor, pending: PendingCommit) -> torch.Tensor:
     Rows whose accepted node is -1 are left unchanged. Use it when the state must be materialized:
     the request finishes or is preempted, or someone else reads the state.
     """
-    from treewy.ops._triton import is_capturing
-    from treewy.ops.checks import check_accepted
     from treewy.ops.tree_commit import tree_commit
 
-    acc = pending.accepted
-    if not is_capturing():
-        acc = check_accepted(acc, state.shape[0], pending.u.shape[1], state.device, allow_none=True)
-    return tree_commit(state, pending.u, pending.k, pending.g, pending.parents, acc,
+    return tree_commit(state, pending.u, pending.k, pending.g, pending.parents, pending.accepted,
                        use_qk_l2norm_in_kernel=pending.use_qk_l2norm_in_kernel, allow_none=True)

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from treewy.ops._triton import is_capturing
 from treewy.ops.checks import check_accepted, check_gdn_kernel_inputs
-from treewy.ops.tree_verify import MAX_KERNEL_NODES
+from treewy.ops.tree_verify import MAX_KERNEL_NODES, _recurrent_node
 
 
 @triton.jit(do_not_specialize=["stride_pb", "stride_hb"])
@@ -53,19 +53,8 @@ def store_all_verify_kernel(
             tl.debug_barrier()
             b_h = tl.load(p_hs + i_p.to(tl.int64) * HV * V * K + o_h, mask=m_h, other=0).to(tl.float32)
         i_row = i_b64 * T + t
-        b_q = tl.load(q + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
-        b_k = tl.load(k + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
-        b_v = tl.load(v + (i_row * HV + i_hv) * V + o_v, mask=m_v, other=0).to(tl.float32)
-        if USE_QK_L2NORM_IN_KERNEL:
-            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
-            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-        b_q = b_q * scale
-        b_beta = tl.load(beta + i_row * HV + i_hv).to(tl.float32)
-        b_g = tl.load(g + i_row * HV + i_hv).to(tl.float32)
-        b_h *= tl.exp(b_g)
-        b_v = b_beta * (b_v - tl.sum(b_h * b_k[None, :], 1))
-        b_h += b_v[:, None] * b_k[None, :]
-        b_o = tl.sum(b_h * b_q[None, :], 1)
+        b_h, _, b_o = _recurrent_node(b_h, q, k, v, g, beta, i_row, i_h, i_hv, o_k, m_k, o_v, m_v, scale,
+                                      H, HV, K, V, USE_QK_L2NORM_IN_KERNEL)
         tl.store(o + (i_row * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
         tl.store(p_hs + t * HV * V * K + o_h, b_h.to(hs.dtype.element_ty), mask=m_h)
 

@@ -18,15 +18,11 @@ from __future__ import annotations
 
 from treewy.ops import _triton  # noqa: F401  (sets TRITON_INTERPRET before any kernel is defined)
 
-import torch
 import triton
 import triton.language as tl
 
 from treewy.ops._triton import is_capturing
-from treewy.ops.checks import (
-    STATE_DTYPES, check_accepted, check_contiguous, check_finite, check_kernel_device, check_kernel_dtype,
-    check_kernel_nodes, check_tensor, kernel_parents,
-)
+from treewy.ops.checks import check_commit_inputs
 from treewy.ops.tree_verify import MAX_KERNEL_NODES
 
 
@@ -89,38 +85,6 @@ def tree_commit(state, u, k, g, parents, accepted, use_qk_l2norm_in_kernel=False
     Pass ``use_qk_l2norm_in_kernel`` as given to ``tree_verify``. ``allow_none``: accepted = -1
     leaves that request's state unchanged (see ``flush_pending``).
     """
-    state = check_tensor("state", state)
-    for name, x in (("u", u), ("k", k), ("g", g)):
-        check_tensor(name, x, state.device)
-    check_kernel_device(("state", state), ("u", u), ("k", k), ("g", g))
-    if state.ndim != 4 or u.ndim != 4 or k.ndim != 4:
-        raise ValueError(f"state {tuple(state.shape)}, u {tuple(u.shape)}, k {tuple(k.shape)}: expected "
-                         "[B, HV, V, K], [B, T, HV, V] and [B, T, H, K]")
-    B, T, HV, V = u.shape
-    H, K = k.shape[2], k.shape[3]
-    if tuple(state.shape) != (B, HV, V, K) or tuple(k.shape[:2]) != (B, T) or HV % H != 0:
-        raise ValueError(f"state {tuple(state.shape)}, u {tuple(u.shape)} and k {tuple(k.shape)} disagree: "
-                         "expected state [B, HV, V, K], u [B, T, HV, V], k [B, T, H, K] with HV a multiple of H")
-    if tuple(g.shape) != (B, T, HV):
-        raise ValueError(f"g has shape {tuple(g.shape)}, expected [B, T, HV] = [{B}, {T}, {HV}]")
-    check_kernel_dtype("state", state, STATE_DTYPES)
-    check_kernel_dtype("u", u, (torch.float32,))
-    check_kernel_dtype("k", k, (torch.bfloat16, torch.float32))
-    check_kernel_dtype("g", g, (torch.bfloat16, torch.float32))
-    check_contiguous("state", state, inner=3)
-    for name, x in (("u", u), ("k", k), ("g", g)):
-        check_contiguous(name, x)
-    check_kernel_nodes(T, MAX_KERNEL_NODES)
-    values = not is_capturing()
-    par, stride_pb = kernel_parents(parents, B, T, state.device, values=values)
-    if values:
-        check_finite(u=u, k=k, g=g)
-        if bool((g > 0).any()):
-            raise ValueError("g has positive entries; g is a log decay and must be <= 0")
-        acc = check_accepted(accepted, B, T, state.device, allow_none=allow_none).to(torch.int32)
-    else:
-        acc = accepted
-        if not (isinstance(acc, torch.Tensor) and acc.dtype == torch.int32 and acc.device == state.device
-                and tuple(acc.shape) == (B,)):
-            raise ValueError("accepted must be an int32 [B] tensor on the state's device inside CUDA-graph capture")
-    return tree_commit_fwd(state, u, k, g, par, stride_pb, acc.contiguous(), use_qk_l2norm_in_kernel)
+    par, stride_pb, acc = check_commit_inputs(state, u, k, g, parents, accepted, max_nodes=MAX_KERNEL_NODES,
+                                              values=not is_capturing(), allow_none=allow_none)
+    return tree_commit_fwd(state, u, k, g, par, stride_pb, acc, use_qk_l2norm_in_kernel)

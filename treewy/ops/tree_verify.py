@@ -130,6 +130,21 @@ def _pending_key_scale(on, rows, i_h, pk, H: tl.constexpr, K: tl.constexpr, BK: 
 
 
 @triton.jit
+def _pending(i_b, i_b64, i_hv, i_h, o_v, m_v, pu, pk, pg, ppar, pacc, stride_ppb, PT,
+             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+             BPT: tl.constexpr, HAS_PENDING: tl.constexpr, PENDING_L2NORM: tl.constexpr):
+    """Everything ``_state_tile`` needs to fold the pending commit into a value tile: (a, on-path mask,
+    rows, G_a, w_i u_i, 1 / ||k_i||); placeholders when there is no pending commit."""
+    if HAS_PENDING:
+        a, on, rows, b_C, b_uw = _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT,
+                                               HV, V, BPT)
+        b_rpk = _pending_key_scale(on, rows, i_h, pk, H, K, BK, BPT, PENDING_L2NORM)
+    else:
+        a, on, rows, b_C, b_uw, b_rpk = 0, 0, 0, 0.0, 0.0, 0.0
+    return a, on, rows, b_C, b_uw, b_rpk
+
+
+@triton.jit
 def _state_tile(h0, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pk, a, on, rows, b_C, b_uw, b_rk,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BPT: tl.constexpr,
                 HAS_PENDING: tl.constexpr, DOT_PRECISION: tl.constexpr):
@@ -174,6 +189,39 @@ def _ancestors(parents, g, i_b64, i_hv, o_t, m_t, stride_pb, T, HV: tl.constexpr
     return m_anc, b_G, n_depth
 
 
+@triton.jit
+def _decayed(m_anc, b_G, b_A, b_QK, beta, i_b64, i_hv, o_t, m_t, T, scale, HV: tl.constexpr):
+    """M = diag(beta) (exp(G_t - G_i) K K^T on strict ancestors), P = scale exp(G_t - G_i) Q K^T on
+    inclusive ancestors (masked before the exp: G_t - G_i <= 0 there), beta and exp(G): (M, P, beta, eG)."""
+    m_strict = m_anc & (o_t[:, None] != o_t[None, :])
+    b_diff = b_G[:, None] - b_G[None, :]
+    b_beta = tl.load(beta + (i_b64 * T + o_t) * HV + i_hv, mask=m_t, other=0).to(tl.float32)
+    b_M = tl.where(m_strict, tl.exp(tl.where(m_strict, b_diff, float("-inf"))) * b_A, 0.0) * b_beta[:, None]
+    b_P = tl.where(m_anc, tl.exp(tl.where(m_anc, b_diff, float("-inf"))) * b_QK, 0.0) * scale
+    return b_M, b_P, b_beta, tl.exp(b_G)
+
+
+@triton.jit
+def _recurrent_node(b_h, q, k, v, g, beta, i_row, i_h, i_hv, o_k, m_k, o_v, m_v, scale,
+                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr):
+    """One gated delta rule step of node ``i_row`` on the [BV, BK] state tile in registers:
+    (S_t, u_t = beta (v - exp(g) S k), o_t = S_t (scale q))."""
+    b_q = tl.load(q + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
+    b_k = tl.load(k + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
+    b_v = tl.load(v + (i_row * HV + i_hv) * V + o_v, mask=m_v, other=0).to(tl.float32)
+    if USE_QK_L2NORM_IN_KERNEL:
+        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+    b_q = b_q * scale
+    b_beta = tl.load(beta + i_row * HV + i_hv).to(tl.float32)
+    b_g = tl.load(g + i_row * HV + i_hv).to(tl.float32)
+    b_h *= tl.exp(b_g)
+    b_u = b_beta * (b_v - tl.sum(b_h * b_k[None, :], 1))
+    b_h += b_u[:, None] * b_k[None, :]
+    return b_h, b_u, tl.sum(b_h * b_q[None, :], 1)
+
+
 @triton.autotune(configs=_fma_configs(), key=_KEY, restore_value=["h0"],
                  prune_configs_by=None if INTERPRET else {"early_config_prune": _fit_v}, **_AUTOTUNE_EXTRA)
 @triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_hb", "stride_ppb"])
@@ -196,12 +244,8 @@ def tree_verify_fma_kernel(
     n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
     m_t = o_t < n_b
 
-    if HAS_PENDING:
-        a, on, rows, b_C, b_uw = _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT,
-                                               HV, V, BPT)
-        b_rpk = _pending_key_scale(on, rows, i_h, pk, H, K, BK, BPT, PENDING_L2NORM)
-    else:
-        a, on, rows, b_C, b_uw, b_rpk = 0, 0, 0, 0.0, 0.0, 0.0
+    a, on, rows, b_C, b_uw, b_rpk = _pending(i_b, i_b64, i_hv, i_h, o_v, m_v, pu, pk, pg, ppar, pacc, stride_ppb, PT,
+                                             H, HV, K, V, BK, BPT, HAS_PENDING, PENDING_L2NORM)
     b_h = _state_tile(h0, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pk, a, on, rows, b_C, b_uw, b_rpk,
                       H, K, V, BPT, HAS_PENDING, DOT_PRECISION)
     m_anc, b_G, _ = _ancestors(parents, g, i_b64, i_hv, o_t, m_t, stride_pb, T, HV)
@@ -234,12 +278,7 @@ def tree_verify_fma_kernel(
         b_QK = tl.where(sel[None, :], tl.sum(b_Q * k_t[None, :], 1)[:, None], b_QK)
 
     # masked log-space decays: only ancestor pairs, G_t - G_i <= 0
-    m_strict = m_anc & (o_t[:, None] != o_t[None, :])
-    b_diff = b_G[:, None] - b_G[None, :]
-    b_beta = tl.load(beta + (i_b64 * T + o_t) * HV + i_hv, mask=m_t, other=0).to(tl.float32)
-    b_M = tl.where(m_strict, tl.exp(tl.where(m_strict, b_diff, float("-inf"))) * b_A, 0.0) * b_beta[:, None]
-    b_P = tl.where(m_anc, tl.exp(tl.where(m_anc, b_diff, float("-inf"))) * b_QK, 0.0) * scale
-    b_eG = tl.exp(b_G)
+    b_M, b_P, b_beta, b_eG = _decayed(m_anc, b_G, b_A, b_QK, beta, i_b64, i_hv, o_t, m_t, T, scale, HV)
     p_tv = (i_b64 * T + o_t[:, None]) * HV * V + i_hv * V + o_v[None, :]
     b_v = tl.load(v + p_tv, mask=m_t[:, None] & m_v[None, :], other=0).to(tl.float32)
     b_R = b_beta[:, None] * (b_v - b_eG[:, None] * b_hk)
@@ -263,7 +302,8 @@ def tree_verify_fma_kernel(
 def _chain_configs():
     if INTERPRET:
         return [triton.Config({"BV": 16}, num_warps=1)]
-    return [triton.Config({"BV": bv}, num_warps=w, num_stages=s) for bv, w, s in ((8, 1, 3), (16, 1, 3), (16, 2, 3), (32, 4, 1))]
+    return [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
+            for bv, w, s in ((8, 1, 3), (16, 1, 3), (16, 2, 3), (32, 4, 1))]
 
 
 @triton.autotune(configs=_chain_configs(), key=_KEY, restore_value=["h0"],
@@ -289,12 +329,8 @@ def tree_verify_chain_kernel(
     m_v, m_k = o_v < V, o_k < K
     n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
 
-    if HAS_PENDING:
-        a, on, rows, b_C, b_uw = _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT,
-                                               HV, V, BPT)
-        b_rpk = _pending_key_scale(on, rows, i_h, pk, H, K, BK, BPT, PENDING_L2NORM)
-    else:
-        a, on, rows, b_C, b_uw, b_rpk = 0, 0, 0, 0.0, 0.0, 0.0
+    a, on, rows, b_C, b_uw, b_rpk = _pending(i_b, i_b64, i_hv, i_h, o_v, m_v, pu, pk, pg, ppar, pacc, stride_ppb, PT,
+                                             H, HV, K, V, BK, BPT, HAS_PENDING, PENDING_L2NORM)
     b_h = _state_tile(h0, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pk, a, on, rows, b_C, b_uw, b_rpk,
                       H, K, V, BPT, HAS_PENDING, DOT_PRECISION)
 
@@ -302,18 +338,8 @@ def tree_verify_chain_kernel(
         i_row = i_b64 * T + t
         p_tv = (i_row * HV + i_hv) * V + o_v
         if t < n_b:
-            b_k = tl.load(k + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
-            b_q = tl.load(q + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
-            b_v = tl.load(v + p_tv, mask=m_v, other=0).to(tl.float32)
-            if USE_QK_L2NORM_IN_KERNEL:
-                b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-                b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
-            b_g = tl.load(g + i_row * HV + i_hv).to(tl.float32)
-            b_beta = tl.load(beta + i_row * HV + i_hv).to(tl.float32)
-            b_h *= tl.exp(b_g)
-            b_u = b_beta * (b_v - tl.sum(b_h * b_k[None, :], 1))
-            b_h += b_u[:, None] * b_k[None, :]
-            b_o = tl.sum(b_h * b_q[None, :], 1) * scale
+            b_h, b_u, b_o = _recurrent_node(b_h, q, k, v, g, beta, i_row, i_h, i_hv, o_k, m_k, o_v, m_v, scale,
+                                            H, HV, K, V, USE_QK_L2NORM_IN_KERNEL)
         else:
             b_u = tl.zeros([BV], dtype=tl.float32)
             b_o = tl.zeros([BV], dtype=tl.float32)
@@ -342,12 +368,8 @@ def tree_verify_dot_kernel(
     n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
     m_t = o_t < n_b
 
-    if HAS_PENDING:
-        a, on, rows, b_C, b_uw = _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT,
-                                               HV, V, BPT)
-        b_rpk = _pending_key_scale(on, rows, i_h, pk, H, K, BK, BPT, PENDING_L2NORM)
-    else:
-        a, on, rows, b_C, b_uw, b_rpk = 0, 0, 0, 0.0, 0.0, 0.0
+    a, on, rows, b_C, b_uw, b_rpk = _pending(i_b, i_b64, i_hv, i_h, o_v, m_v, pu, pk, pg, ppar, pacc, stride_ppb, PT,
+                                             H, HV, K, V, BK, BPT, HAS_PENDING, PENDING_L2NORM)
     m_anc, b_G, n_depth = _ancestors(parents, g, i_b64, i_hv, o_t, m_t, stride_pb, T, HV)
 
     # Gram matrices and state products over key chunks; each state chunk is read (and, with a
@@ -384,12 +406,7 @@ def tree_verify_dot_kernel(
         b_hk = b_hk * b_rk[:, None]
         b_hq = b_hq * b_rq[:, None]
 
-    m_strict = m_anc & (o_t[:, None] != o_t[None, :])
-    b_diff = b_G[:, None] - b_G[None, :]
-    b_beta = tl.load(beta + (i_b64 * T + o_t) * HV + i_hv, mask=m_t, other=0).to(tl.float32)
-    b_M = tl.where(m_strict, tl.exp(tl.where(m_strict, b_diff, float("-inf"))) * b_A, 0.0) * b_beta[:, None]
-    b_P = tl.where(m_anc, tl.exp(tl.where(m_anc, b_diff, float("-inf"))) * b_QK, 0.0) * scale
-    b_eG = tl.exp(b_G)
+    b_M, b_P, b_beta, b_eG = _decayed(m_anc, b_G, b_A, b_QK, beta, i_b64, i_hv, o_t, m_t, T, scale, HV)
 
     p_tv = (i_b64 * T + o_t[:, None]) * HV * V + i_hv * V + o_v[None, :]
     b_v = tl.load(v + p_tv, mask=m_t[:, None] & m_v[None, :], other=0).to(tl.float32)
@@ -450,12 +467,7 @@ def tree_verify_dot_head_kernel(
         b_A = b_A * b_rk[:, None] * b_rk[None, :]
         b_QK = b_QK * b_rq[:, None] * b_rk[None, :]
 
-    m_strict = m_anc & (o_t[:, None] != o_t[None, :])
-    b_diff = b_G[:, None] - b_G[None, :]
-    b_beta = tl.load(beta + (i_b64 * T + o_t) * HV + i_hv, mask=m_t, other=0).to(tl.float32)
-    b_M = tl.where(m_strict, tl.exp(tl.where(m_strict, b_diff, float("-inf"))) * b_A, 0.0) * b_beta[:, None]
-    b_P = tl.where(m_anc, tl.exp(tl.where(m_anc, b_diff, float("-inf"))) * b_QK, 0.0) * scale
-    b_eG = tl.exp(b_G)
+    b_M, b_P, b_beta, b_eG = _decayed(m_anc, b_G, b_A, b_QK, beta, i_b64, i_hv, o_t, m_t, T, scale, HV)
     # (I + M)^-1 = I - M (I - M (I - ...)): M is nilpotent of order depth + 1
     b_I = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
     b_Minv = b_I
@@ -465,12 +477,8 @@ def tree_verify_dot_head_kernel(
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
-        if HAS_PENDING:
-            a, on, rows, b_C, b_uw = _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT,
-                                                   HV, V, BPT)
-            b_rpk = _pending_key_scale(on, rows, i_h, pk, H, K, BK, BPT, PENDING_L2NORM)
-        else:
-            a, on, rows, b_C, b_uw, b_rpk = 0, 0, 0, 0.0, 0.0, 0.0
+        a, on, rows, b_C, b_uw, b_rpk = _pending(i_b, i_b64, i_hv, i_h, o_v, m_v, pu, pk, pg, ppar, pacc, stride_ppb,
+                                                 PT, H, HV, K, V, BK, BPT, HAS_PENDING, PENDING_L2NORM)
         b_hk = tl.zeros([BT, BV], dtype=tl.float32)
         b_hq = tl.zeros([BT, BV], dtype=tl.float32)
         for i_k in range(0, tl.cdiv(K, BK)):
@@ -533,7 +541,8 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     fn[grid](
         q, k, v, g, beta, initial_state, parents, num_nodes if num_nodes is not None else parents, o, u,
         pu, pk, pg, ppar, pacc, stride_pb, initial_state.stride(0), stride_ppb, scale,
-        B=B, T=T, PT=PT, H=H, HV=HV, K=K, V=V, BT=BT, **({"BK": triton.next_power_of_2(K)} if not kernel.startswith("dot") else {}),
+        B=B, T=T, PT=PT, H=H, HV=HV, K=K, V=V, BT=BT,
+        **({} if kernel.startswith("dot") else {"BK": triton.next_power_of_2(K)}),  # dot kernels tune BK
         BPT=triton.next_power_of_2(max(PT, 2)),
         USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, HAS_NUM_NODES=num_nodes is not None,
         HAS_PENDING=pending is not None, PENDING_L2NORM=pl2, DOT_PRECISION=dot_precision or DEFAULT_DOT_PRECISION,
@@ -566,7 +575,7 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     dims, par, stride_pb, nn = check_gdn_kernel_inputs(q, k, v, g, beta, initial_state, parents, num_nodes,
                                                        max_nodes=MAX_KERNEL_NODES, values=values)
     if pending is not None:
-        pending = check_pending(pending, initial_state, dims, values=values)
+        pending = check_pending(pending, initial_state, dims, max_nodes=MAX_KERNEL_NODES, values=values)
     if kernel == "chain" and values:
         chain = torch.arange(-1, dims.T - 1, device=par.device, dtype=par.dtype)
         if not bool((par == chain).all()):
