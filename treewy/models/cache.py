@@ -97,16 +97,19 @@ class HybridCache:
         self.flush(layer)
         pool = self.ssm[layer]
         if pool.shape[1] == 1:
-            return pool[:, 0]
+            return self.state_view(layer)
         return pool[torch.arange(pool.shape[0], device=pool.device), self.slot]
 
     def gdn_state_bytes(self) -> int:
         """Bytes of GDN state blocks actually allocated per request, summed over GDN layers."""
-        total = sum(t.numel() * t.element_size() for t in self.ssm.values())
-        B = next(iter(self.ssm.values())).shape[0] if self.ssm else 1
-        return total // B
+        return _bytes_per_request(self.ssm)
 
     def conv_state_bytes(self) -> int:
-        total = sum(t.numel() * t.element_size() for t in self.conv.values())
-        B = next(iter(self.conv.values())).shape[0] if self.conv else 1
-        return total // B
+        return _bytes_per_request(self.conv)
+
+
+def _bytes_per_request(tensors: dict) -> int:
+    """Bytes allocated in {layer: [B, ...] tensor} divided by the batch B."""
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    B = next(iter(tensors.values())).shape[0] if tensors else 1
+    return total // B
