@@ -86,8 +86,9 @@ def state_bytes(provider, tree, HV, K, V, state_dtype):
     return HV * V * K * sb * (tree.num_nodes if provider == "store_all" else 1)
 
 
-def step_fn(provider, x, tree, *, kernel=None, dot_precision=None):
-    """A zero-argument callable running one step of ``provider`` on the inputs ``x`` (see make)."""
+def step_fn(provider, x, tree, *, kernel=None, dot_precision=None, config=None):
+    """A zero-argument callable running one step of ``provider`` on the inputs ``x`` (see make);
+    ``config`` pins the TreeWY kernel's launch config (see tree_verify_fwd)."""
     q, k, v, g, beta, state = x
     B, T = q.shape[:2]
     par = tree.parents.to("cuda", torch.int32)
@@ -95,7 +96,7 @@ def step_fn(provider, x, tree, *, kernel=None, dot_precision=None):
     if provider == "treewy":
         pend = previous_window(x, tree)
         return lambda: tree_verify_fwd(q, k, v, g, beta, state, par, 0, scale, pending=pend, kernel=kernel,
-                                       dot_precision=dot_precision)
+                                       dot_precision=dot_precision, config=config)
     if provider == "treewy_eager":
         acc = torch.randint(0, T, (B,), device="cuda", dtype=torch.int32)
 

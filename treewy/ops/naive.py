@@ -55,7 +55,8 @@ def gdn_step_textbook(S, k, v, g, beta):
 
 
 def naive_tree_recurrent(q, k, v, g, beta, initial_state, parents, scale=None):
-    """Store-all semantics: every node advances its parent's state. Returns (o [B, T, HV, V], states [B, T, HV, V, K])."""
+    """Store-all semantics: every node advances its parent's state.
+    Returns (o [B, T, HV, V], states [B, T, HV, V, K])."""
     dims, par, q, k, v, g, beta, S0 = _prepare(q, k, v, g, beta, initial_state, parents, scale)
     rows = torch.arange(dims.B, device=q.device)
     states = q.new_empty(dims.B, dims.T, dims.HV, dims.V, dims.K)

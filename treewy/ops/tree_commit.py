@@ -26,7 +26,7 @@ from treewy.ops.checks import check_commit_inputs
 from treewy.ops.tree_verify import MAX_KERNEL_NODES
 
 
-@triton.jit(do_not_specialize=["stride_pb", "stride_hb"])
+@triton.jit(do_not_specialize=["stride_pb"])
 def tree_commit_kernel(
     h, u, k, g, parents, accepted,
     stride_pb, stride_hb,

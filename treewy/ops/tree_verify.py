@@ -45,7 +45,7 @@ MAX_KERNEL_NODES = 128
 FMA_MAX_BT = 8
 
 #: The kernels ``tree_verify_fwd(kernel=...)`` can force (None chooses "fma" or "dot" by window size).
-KERNELS = ("fma", "dot", "dot_head", "chain")
+KERNELS = ("fma", "dot", "dot_head", "chain", "node")
 
 #: Dot-product precision of the dot kernel: "tf32x3" (three tf32 tensor-core passes, fp32-level
 #: error; the GPU default), "ieee" (plain fp32, slow at these shapes), "tf32" (fast, ~1e-4 error).
@@ -224,7 +224,7 @@ def _recurrent_node(b_h, q, k, v, g, beta, i_row, i_h, i_hv, o_k, m_k, o_v, m_v,
 
 @triton.autotune(configs=_fma_configs(), key=_KEY, restore_value=["h0"],
                  prune_configs_by=None if INTERPRET else {"early_config_prune": _fit_v}, **_AUTOTUNE_EXTRA)
-@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_hb", "stride_ppb"])
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb"])
 def tree_verify_fma_kernel(
     q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
     stride_pb, stride_hb, stride_ppb, scale,
@@ -308,7 +308,7 @@ def _chain_configs():
 
 @triton.autotune(configs=_chain_configs(), key=_KEY, restore_value=["h0"],
                  prune_configs_by=None if INTERPRET else {"early_config_prune": _fit_v}, **_AUTOTUNE_EXTRA)
-@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_hb", "stride_ppb"])
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb"])
 def tree_verify_chain_kernel(
     q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
     stride_pb, stride_hb, stride_ppb, scale,
@@ -347,9 +347,139 @@ def tree_verify_chain_kernel(
         tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_v)
 
 
+def _node_configs():
+    if INTERPRET:
+        return [triton.Config({"BV": 8, "KI": 4}, num_warps=1)]
+    return [triton.Config({"BV": bv, "KI": ki}, num_warps=w, num_stages=1)
+            for bv, ki, w in ((8, 16, 1), (16, 16, 2), (16, 16, 1), (4, 32, 1), (8, 32, 2), (8, 32, 1))]
+
+
+def _prune_node(configs, named_args, **kwargs):
+    K = {**named_args, **kwargs}["K"]
+    out = [c for c in _fit_v(configs, named_args, **kwargs) if c.kwargs["KI"] <= max(4, triton.next_power_of_2(K))]
+    return out or configs[:1]
+
+
+@triton.jit
+def _gather(b_x, o_x, i):
+    """b_x[i] for a scalar index i of a register vector (0 where i is out of range)."""
+    return tl.sum(tl.where(o_x == i, b_x, 0), 0)
+
+
+@triton.jit
+def _key_row(k, row, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr, L2NORM: tl.constexpr):
+    """Row ``row`` of a [rows, H, K] key (or query) tensor as a [KC, KI] fp32 tile, normalized if asked."""
+    b_k = tl.load(k + (row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
+    if L2NORM:
+        b_k = b_k / tl.sqrt(tl.sum(tl.sum(b_k * b_k, 0), 0) + 1e-6)
+    return b_k
+
+
+@triton.jit
+def _dot_rows(b_x, b_y):
+    return tl.sum(tl.sum(b_x * b_y, 0), 0)
+
+
+@triton.jit
+def _state_apply(b_h, b_x):
+    """S x for a [KC, BV, KI] state tile and a [KC, KI] vector: the chunk axis first (in registers)."""
+    return tl.sum(tl.sum(b_h * b_x[:, None, :], 0), 1)
+
+
+@triton.autotune(configs=_node_configs(), key=_KEY, restore_value=["h0"],
+                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune_node}, **_AUTOTUNE_EXTRA)
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb"])
+def tree_verify_node_kernel(
+    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
+    stride_pb, stride_hb, stride_ppb, scale,
+    B, T, PT, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr,
+    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr,
+    PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, KI: tl.constexpr,
+):
+    """Exact fp32, node by node on a state that does not change inside the window (the WY form):
+    u_t = beta_t (v_t - e^{G_t} S k_t) - sum over strict ancestors i of beta_t e^{G_t - G_i} (k_t . k_i) u_i,
+    o_t = e^{G_t} S q_t + sum over inclusive ancestors of e^{G_t - G_i} (q_t . k_i) u_i (q scaled).
+
+    The [BV, K] state tile is held as [K / KI, BV, KI] (KI / 4 lanes per row, then rows across lanes,
+    the K / KI chunks in registers), so S k_t is mostly in-thread adds (no full-warp shuffles). Ancestors'
+    u_i are read back from ``u`` (written by this program, after a barrier). Any tree; T <= BT."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    i_b64 = i_b.to(tl.int64)
+    KC: tl.constexpr = BK // KI
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, KC)[:, None] * KI + tl.arange(0, KI)[None, :]
+    m_v, m_k = o_v < V, o_k < K
+    n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
+
+    p_h = h0 + i_b64 * stride_hb + i_hv * V * K + o_v[None, :, None] * K + o_k[:, None, :]
+    m_h = m_v[None, :, None] & m_k[:, None, :]
+    b_h = tl.load(p_h, mask=m_h, other=0).to(tl.float32)
+    if HAS_PENDING:
+        # the pending accepted state: exp(G_a) S0 + sum over the root..a path of exp(G_a - G_i) u_i k_i^T
+        a = tl.load(pacc + i_b)
+        o_p = tl.arange(0, BPT)
+        b_ppar = tl.load(ppar + i_b64 * stride_ppb + o_p, mask=o_p < PT, other=-1)
+        b_pg = tl.load(pg + (i_b64 * PT + o_p) * HV + i_hv, mask=o_p < PT, other=0).to(tl.float32)
+        b_C = tl.sum(tl.zeros([BPT], dtype=tl.float32), 0)
+        cur = a
+        while cur >= 0:
+            b_C += _gather(b_pg, o_p, cur)
+            cur = _gather(b_ppar, o_p, cur)
+        b_h = b_h * tl.exp(b_C)
+        b_w = b_C * 0 + 1.0
+        cur = a
+        while cur >= 0:
+            row = i_b64 * PT + cur
+            b_pu = tl.load(pu + (row * HV + i_hv) * V + o_v, mask=m_v, other=0).to(tl.float32)
+            b_pk = _key_row(pk, row, i_h, o_k, m_k, H, K, PENDING_L2NORM)
+            b_h += (b_w * b_pu)[None, :, None] * b_pk[:, None, :]
+            b_w = b_w * tl.exp(_gather(b_pg, o_p, cur))
+            cur = _gather(b_ppar, o_p, cur)
+        b_h = b_h.to(p_h.dtype.element_ty)  # verify from exactly the state that is stored
+        if a >= 0:
+            tl.store(p_h, b_h, mask=m_h)
+        b_h = b_h.to(tl.float32)
+
+    # parents in registers; path sums G_t = g_t + G_parent(t) filled in as the nodes are visited
+    o_t = tl.arange(0, BT)
+    b_par = tl.load(parents + i_b64 * stride_pb + o_t, mask=o_t < n_b, other=-1)
+    b_G = tl.zeros([BT], dtype=tl.float32)
+    for t in range(0, T):
+        row = i_b64 * T + t
+        p_tv = (row * HV + i_hv) * V + o_v
+        if t < n_b:
+            b_k = _key_row(k, row, i_h, o_k, m_k, H, K, USE_QK_L2NORM_IN_KERNEL)
+            b_q = _key_row(q, row, i_h, o_k, m_k, H, K, USE_QK_L2NORM_IN_KERNEL) * scale
+            b_v = tl.load(v + p_tv, mask=m_v, other=0).to(tl.float32)
+            b_beta = tl.load(beta + row * HV + i_hv).to(tl.float32)
+            G_t = tl.load(g + row * HV + i_hv).to(tl.float32) + _gather(b_G, o_t, _gather(b_par, o_t, t))
+            b_G = tl.where(o_t == t, G_t, b_G)
+            b_u = b_beta * (b_v - tl.exp(G_t) * _state_apply(b_h, b_k))
+            b_o = tl.exp(G_t) * _state_apply(b_h, b_q)
+            tl.debug_barrier()  # the ancestors' u rows written by this program are visible
+            cur = _gather(b_par, o_t, t)
+            while cur >= 0:
+                r_i = i_b64 * T + cur
+                b_ki = _key_row(k, r_i, i_h, o_k, m_k, H, K, USE_QK_L2NORM_IN_KERNEL)
+                b_ui = tl.load(u + (r_i * HV + i_hv) * V + o_v, mask=m_v, other=0)
+                w = tl.exp(G_t - _gather(b_G, o_t, cur))
+                b_u -= (b_beta * w * _dot_rows(b_k, b_ki)) * b_ui
+                b_o += (w * _dot_rows(b_q, b_ki)) * b_ui
+                cur = _gather(b_par, o_t, cur)
+            b_o += _dot_rows(b_q, b_k) * b_u
+        else:
+            b_u = tl.zeros([BV], dtype=tl.float32)
+            b_o = tl.zeros([BV], dtype=tl.float32)
+        tl.store(u + p_tv, b_u, mask=m_v)
+        tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_v)
+
+
 @triton.autotune(configs=_dot_configs(), key=_KEY, restore_value=["h0"],
                  prune_configs_by=None if INTERPRET else {"early_config_prune": _prune_dot}, **_AUTOTUNE_EXTRA)
-@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_hb", "stride_ppb"])
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb"])
 def tree_verify_dot_kernel(
     q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
     stride_pb, stride_hb, stride_ppb, scale,
@@ -424,7 +554,7 @@ def tree_verify_dot_kernel(
 
 @triton.autotune(configs=_dot_configs(), key=_KEY, restore_value=["h0"],
                  prune_configs_by=None if INTERPRET else {"early_config_prune": _prune_dot}, **_AUTOTUNE_EXTRA)
-@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_hb", "stride_ppb"])
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb"])
 def tree_verify_dot_head_kernel(
     q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
     stride_pb, stride_hb, stride_ppb, scale,
@@ -505,14 +635,15 @@ def tree_verify_dot_head_kernel(
 
 
 def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, use_qk_l2norm_in_kernel=False,
-                    num_nodes=None, dot_precision=None, pending=None, kernel=None):
+                    num_nodes=None, dot_precision=None, pending=None, kernel=None, config=None):
     """Launcher: inputs already validated; parents int32 on the inputs' device. Returns (o, u fp32).
 
     ``pending``: a PendingCommit whose parents and accepted are int32 device tensors (validated), or
     None; ``initial_state`` is then updated in place. ``kernel``: "fma" or "dot" to override the
     choice by window size, "dot_head" (one program per request and value head, the V-independent
     work done once), or "chain" for windows known to be chains (parents[t] = t - 1, not checked
-    here: ``tree_verify`` checks it).
+    here: ``tree_verify`` checks it). ``config``: a ``triton.Config`` of that kernel to launch instead
+    of the autotuned one (profiling; a dot kernel's config names BK as well as BV).
     """
     if kernel not in KERNELS and kernel is not None:
         raise ValueError(f"kernel = {kernel!r}: expected None or one of {KERNELS}")
@@ -533,12 +664,13 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
         pu = pk = pg = ppar = pacc = u
         PT, stride_ppb, pl2 = 1, 0, False
     fn = {"fma": tree_verify_fma_kernel, "dot": tree_verify_dot_kernel, "dot_head": tree_verify_dot_head_kernel,
-          "chain": tree_verify_chain_kernel}[kernel]
+          "chain": tree_verify_chain_kernel, "node": tree_verify_node_kernel}[kernel]
 
     def grid(meta):
         return (1 if kernel == "dot_head" else triton.cdiv(V, meta["BV"]), B * HV)
 
-    fn[grid](
+    launch, tuned = (fn, {}) if config is None else (fn.fn, dict(config.all_kwargs()))
+    launch[grid](
         q, k, v, g, beta, initial_state, parents, num_nodes if num_nodes is not None else parents, o, u,
         pu, pk, pg, ppar, pacc, stride_pb, initial_state.stride(0), stride_ppb, scale,
         B=B, T=T, PT=PT, H=H, HV=HV, K=K, V=V, BT=BT,
@@ -546,6 +678,7 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
         BPT=triton.next_power_of_2(max(PT, 2)),
         USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, HAS_NUM_NODES=num_nodes is not None,
         HAS_PENDING=pending is not None, PENDING_L2NORM=pl2, DOT_PRECISION=dot_precision or DEFAULT_DOT_PRECISION,
+        **tuned,
     )
     return o, u
 
