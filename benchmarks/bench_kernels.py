@@ -38,8 +38,8 @@ from treewy.tree import DraftTree
 CHAIN3 = ((1, 1, 1), DraftTree.chain(3))
 TREE333 = ((3, 3, 3), DraftTree.from_widths((3, 3, 3)))
 DECODE = ((), DraftTree.chain(0))
-CHAIN_KERNELS = ("fma", "chain", "node")   # candidates timed on every chain target row; the fastest is scored
-TREE_KERNELS = ("dot", "dot_head", "node")
+CHAIN_KERNELS = ("fma", "chain")   # candidates timed on every chain target row; the fastest is scored
+TREE_KERNELS = ("dot", "dot_head")
 
 
 def target(name, measured, bar, ok, unit=""):
@@ -150,7 +150,6 @@ def measure(args, log, write):
     for key, steps, shapes, kw in (
             ("fma + dot kernels", args.drift_steps, [CHAIN3[1], TREE333[1]], {}),
             ("chain kernel", args.drift_steps, [DraftTree.chain(1), CHAIN3[1]], {"kernel": "chain"}),
-            ("node kernel", args.drift_steps, [CHAIN3[1], TREE333[1]], {"kernel": "node"}),
             ("dot_head kernel", args.drift_steps, [TREE333[1]], {"kernel": "dot_head"}),
             ("tf32", args.drift_steps // 4, [TREE333[1]], {"dot_precision": "tf32"})):
         b.drift[key] = folded_drift(steps, B=4, H=m35["H"], HV=m35["HV"], K=128, V=128, trees=shapes,

@@ -299,54 +299,6 @@ def tree_verify_fma_kernel(
         tl.store(o + p_row_tv, o_row.to(o.dtype.element_ty), mask=m_row_v)
 
 
-def _chain_configs():
-    if INTERPRET:
-        return [triton.Config({"BV": 16}, num_warps=1)]
-    return [triton.Config({"BV": bv}, num_warps=w, num_stages=s)
-            for bv, w, s in ((8, 1, 3), (16, 1, 3), (16, 2, 3), (32, 4, 1))]
-
-
-@triton.autotune(configs=_chain_configs(), key=_KEY, restore_value=["h0"],
-                 prune_configs_by=None if INTERPRET else {"early_config_prune": _fit_v}, **_AUTOTUNE_EXTRA)
-@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb"])
-def tree_verify_chain_kernel(
-    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
-    stride_pb, stride_hb, stride_ppb, scale,
-    B, T, PT, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr,
-    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr,
-    PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    """Chains only (parents[t] = t - 1, not read): the recurrence node by node on the state tile in
-    registers, as fla's fused_recurrent does, writing o_t and u_t = beta_t (v_t - exp(g_t) S_{t-1} k_t)
-    and no state (the commit stays pending). Every vector is a slice of the state tile's layout."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    i_b64 = i_b.to(tl.int64)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v, m_k = o_v < V, o_k < K
-    n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
-
-    a, on, rows, b_C, b_uw, b_rpk = _pending(i_b, i_b64, i_hv, i_h, o_v, m_v, pu, pk, pg, ppar, pacc, stride_ppb, PT,
-                                             H, HV, K, V, BK, BPT, HAS_PENDING, PENDING_L2NORM)
-    b_h = _state_tile(h0, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pk, a, on, rows, b_C, b_uw, b_rpk,
-                      H, K, V, BPT, HAS_PENDING, DOT_PRECISION)
-
-    for t in range(0, T):
-        i_row = i_b64 * T + t
-        p_tv = (i_row * HV + i_hv) * V + o_v
-        if t < n_b:
-            b_h, b_u, b_o = _recurrent_node(b_h, q, k, v, g, beta, i_row, i_h, i_hv, o_k, m_k, o_v, m_v, scale,
-                                            H, HV, K, V, USE_QK_L2NORM_IN_KERNEL)
-        else:
-            b_u = tl.zeros([BV], dtype=tl.float32)
-            b_o = tl.zeros([BV], dtype=tl.float32)
-        tl.store(u + p_tv, b_u, mask=m_v)
-        tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_v)
-
-
 def _node_configs():
     if INTERPRET:
         return [triton.Config({"BV": 8, "KI": 4}, num_warps=1)]
@@ -358,6 +310,43 @@ def _prune_node(configs, named_args, **kwargs):
     K = {**named_args, **kwargs}["K"]
     out = [c for c in _fit_v(configs, named_args, **kwargs) if c.kwargs["KI"] <= max(4, triton.next_power_of_2(K))]
     return out or configs[:1]
+
+
+@triton.jit
+def _state_tile_3d(h0, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pu, pk, pg, ppar, pacc, stride_ppb, PT,
+                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BPT: tl.constexpr,
+                   HAS_PENDING: tl.constexpr, PENDING_L2NORM: tl.constexpr):
+    """The committed state's value tile as [K / KI, BV, KI] fp32 (o_k: [K / KI, KI] key offsets). With a
+    pending commit, exp(G_a) S0 + sum over the root..a path of exp(G_a - G_i) u_i k_i^T, found by walking
+    up from a in registers (rank-1 updates, exact fp32), written back once and returned as stored."""
+    p_h = h0 + i_b64 * stride_hb + i_hv * V * K + o_v[None, :, None] * K + o_k[:, None, :]
+    m_h = m_v[None, :, None] & m_k[:, None, :]
+    b_h = tl.load(p_h, mask=m_h, other=0).to(tl.float32)
+    if HAS_PENDING:
+        a = tl.load(pacc + i_b)
+        o_p = tl.arange(0, BPT)
+        b_ppar = tl.load(ppar + i_b64 * stride_ppb + o_p, mask=o_p < PT, other=-1)
+        b_pg = tl.load(pg + (i_b64 * PT + o_p) * HV + i_hv, mask=o_p < PT, other=0).to(tl.float32)
+        b_C = tl.sum(tl.zeros([BPT], dtype=tl.float32), 0)
+        cur = a
+        while cur >= 0:
+            b_C += _gather(b_pg, o_p, cur)
+            cur = _gather(b_ppar, o_p, cur)
+        b_h = b_h * tl.exp(b_C)
+        b_w = b_C * 0 + 1.0
+        cur = a
+        while cur >= 0:
+            row = i_b64 * PT + cur
+            b_pu = tl.load(pu + (row * HV + i_hv) * V + o_v, mask=m_v, other=0).to(tl.float32)
+            b_pk = _key_row(pk, row, i_h, o_k, m_k, H, K, PENDING_L2NORM)
+            b_h += (b_w * b_pu)[None, :, None] * b_pk[:, None, :]
+            b_w = b_w * tl.exp(_gather(b_pg, o_p, cur))
+            cur = _gather(b_ppar, o_p, cur)
+        b_h = b_h.to(p_h.dtype.element_ty)  # verify from exactly the state that is stored
+        if a >= 0:
+            tl.store(p_h, b_h, mask=m_h)
+        b_h = b_h.to(tl.float32)
+    return b_h
 
 
 @triton.jit
@@ -414,34 +403,8 @@ def tree_verify_node_kernel(
     m_v, m_k = o_v < V, o_k < K
     n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
 
-    p_h = h0 + i_b64 * stride_hb + i_hv * V * K + o_v[None, :, None] * K + o_k[:, None, :]
-    m_h = m_v[None, :, None] & m_k[:, None, :]
-    b_h = tl.load(p_h, mask=m_h, other=0).to(tl.float32)
-    if HAS_PENDING:
-        # the pending accepted state: exp(G_a) S0 + sum over the root..a path of exp(G_a - G_i) u_i k_i^T
-        a = tl.load(pacc + i_b)
-        o_p = tl.arange(0, BPT)
-        b_ppar = tl.load(ppar + i_b64 * stride_ppb + o_p, mask=o_p < PT, other=-1)
-        b_pg = tl.load(pg + (i_b64 * PT + o_p) * HV + i_hv, mask=o_p < PT, other=0).to(tl.float32)
-        b_C = tl.sum(tl.zeros([BPT], dtype=tl.float32), 0)
-        cur = a
-        while cur >= 0:
-            b_C += _gather(b_pg, o_p, cur)
-            cur = _gather(b_ppar, o_p, cur)
-        b_h = b_h * tl.exp(b_C)
-        b_w = b_C * 0 + 1.0
-        cur = a
-        while cur >= 0:
-            row = i_b64 * PT + cur
-            b_pu = tl.load(pu + (row * HV + i_hv) * V + o_v, mask=m_v, other=0).to(tl.float32)
-            b_pk = _key_row(pk, row, i_h, o_k, m_k, H, K, PENDING_L2NORM)
-            b_h += (b_w * b_pu)[None, :, None] * b_pk[:, None, :]
-            b_w = b_w * tl.exp(_gather(b_pg, o_p, cur))
-            cur = _gather(b_ppar, o_p, cur)
-        b_h = b_h.to(p_h.dtype.element_ty)  # verify from exactly the state that is stored
-        if a >= 0:
-            tl.store(p_h, b_h, mask=m_h)
-        b_h = b_h.to(tl.float32)
+    b_h = _state_tile_3d(h0, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pu, pk, pg, ppar, pacc,
+                         stride_ppb, PT, H, HV, K, V, BPT, HAS_PENDING, PENDING_L2NORM)
 
     # parents in registers; path sums G_t = g_t + G_parent(t) filled in as the nodes are visited
     o_t = tl.arange(0, BT)
@@ -470,6 +433,59 @@ def tree_verify_node_kernel(
                 b_o += (w * _dot_rows(b_q, b_ki)) * b_ui
                 cur = _gather(b_par, o_t, cur)
             b_o += _dot_rows(b_q, b_k) * b_u
+        else:
+            b_u = tl.zeros([BV], dtype=tl.float32)
+            b_o = tl.zeros([BV], dtype=tl.float32)
+        tl.store(u + p_tv, b_u, mask=m_v)
+        tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_v)
+
+
+def _chain_configs():
+    if INTERPRET:
+        return [triton.Config({"BV": 8, "KI": 4}, num_warps=1)]
+    # KI = 128: one row across the warp's lanes (fla's layout); KI = 16, 32: a row over 4 or 8 lanes
+    return [triton.Config({"BV": bv, "KI": ki}, num_warps=w, num_stages=1)
+            for bv, ki, w in ((8, 128, 1), (16, 128, 1), (8, 16, 1), (16, 16, 1), (4, 32, 1), (8, 32, 1),
+                              (16, 16, 2))]
+
+
+@triton.autotune(configs=_chain_configs(), key=_KEY, restore_value=["h0"],
+                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune_node}, **_AUTOTUNE_EXTRA)
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb"])
+def tree_verify_chain_kernel(
+    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
+    stride_pb, stride_hb, stride_ppb, scale,
+    B, T, PT, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr,
+    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr,
+    PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, KI: tl.constexpr,
+):
+    """Chains only (parents[t] = t - 1, not read): the recurrence node by node on the state tile in
+    registers, as fla's fused_recurrent does, writing o_t and u_t = beta_t (v_t - exp(g_t) S_{t-1} k_t)
+    and no state (the commit stays pending). The tile is [K / KI, BV, KI] as in the node kernel."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    i_b64 = i_b.to(tl.int64)
+    KC: tl.constexpr = BK // KI
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, KC)[:, None] * KI + tl.arange(0, KI)[None, :]
+    m_v, m_k = o_v < V, o_k < K
+    n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
+    b_h = _state_tile_3d(h0, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pu, pk, pg, ppar, pacc,
+                         stride_ppb, PT, H, HV, K, V, BPT, HAS_PENDING, PENDING_L2NORM)
+    for t in range(0, T):
+        row = i_b64 * T + t
+        p_tv = (row * HV + i_hv) * V + o_v
+        if t < n_b:
+            b_k = _key_row(k, row, i_h, o_k, m_k, H, K, USE_QK_L2NORM_IN_KERNEL)
+            b_q = _key_row(q, row, i_h, o_k, m_k, H, K, USE_QK_L2NORM_IN_KERNEL) * scale
+            b_v = tl.load(v + p_tv, mask=m_v, other=0).to(tl.float32)
+            b_beta = tl.load(beta + row * HV + i_hv).to(tl.float32)
+            b_h *= tl.exp(tl.load(g + row * HV + i_hv).to(tl.float32))
+            b_u = b_beta * (b_v - _state_apply(b_h, b_k))
+            b_h += b_u[None, :, None] * b_k[:, None, :]
+            b_o = _state_apply(b_h, b_q)
         else:
             b_u = tl.zeros([BV], dtype=tl.float32)
             b_o = tl.zeros([BV], dtype=tl.float32)
