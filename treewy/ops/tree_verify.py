@@ -327,21 +327,30 @@ def _state_tile_3d(h0, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pu,
         o_p = tl.arange(0, BPT)
         b_ppar = tl.load(ppar + i_b64 * stride_ppb + o_p, mask=o_p < PT, other=-1)
         b_pg = tl.load(pg + (i_b64 * PT + o_p) * HV + i_hv, mask=o_p < PT, other=0).to(tl.float32)
-        b_C = tl.sum(tl.zeros([BPT], dtype=tl.float32), 0)
+        on = o_p < 0
         cur = a
         while cur >= 0:
-            b_C += _gather(b_pg, o_p, cur)
+            on = on | (o_p == cur)
             cur = _gather(b_ppar, o_p, cur)
+        b_gp = tl.where(on, b_pg, 0.0)
+        b_C = tl.sum(b_gp, 0)
+        b_w = tl.where(on, tl.exp(b_C - tl.cumsum(b_gp, 0)), 0.0)  # exp(G_a - G_i), ancestors first
         b_h = b_h * tl.exp(b_C)
-        b_w = b_C * 0 + 1.0
-        cur = a
-        while cur >= 0:
-            row = i_b64 * PT + cur
-            b_pu = tl.load(pu + (row * HV + i_hv) * V + o_v, mask=m_v, other=0).to(tl.float32)
-            b_pk = _key_row(pk, row, i_h, o_k, m_k, H, K, PENDING_L2NORM)
-            b_h += (b_w * b_pu)[None, :, None] * b_pk[:, None, :]
-            b_w = b_w * tl.exp(_gather(b_pg, o_p, cur))
-            cur = _gather(b_ppar, o_p, cur)
+        if BPT <= 8:  # small windows: every slot's rows loaded at once (masked off the path), no serial walk
+            for j in tl.static_range(BPT):
+                on_j = _gather(on.to(tl.int32), o_p, j)
+                row = i_b64 * PT + j
+                b_pu = tl.load(pu + (row * HV + i_hv) * V + o_v, mask=m_v & (o_v * 0 + on_j > 0), other=0)
+                b_pk = _key_row(pk, row, i_h, o_k, m_k & (o_k * 0 + on_j > 0), H, K, PENDING_L2NORM)
+                b_h += (_gather(b_w, o_p, j) * b_pu.to(tl.float32))[None, :, None] * b_pk[:, None, :]
+        else:
+            cur = a
+            while cur >= 0:
+                row = i_b64 * PT + cur
+                b_pu = tl.load(pu + (row * HV + i_hv) * V + o_v, mask=m_v, other=0).to(tl.float32)
+                b_pk = _key_row(pk, row, i_h, o_k, m_k, H, K, PENDING_L2NORM)
+                b_h += (_gather(b_w, o_p, cur) * b_pu)[None, :, None] * b_pk[:, None, :]
+                cur = _gather(b_ppar, o_p, cur)
         b_h = b_h.to(p_h.dtype.element_ty)  # verify from exactly the state that is stored
         if a >= 0:
             tl.store(p_h, b_h, mask=m_h)
@@ -444,9 +453,9 @@ def _chain_configs():
     if INTERPRET:
         return [triton.Config({"BV": 8, "KI": 4}, num_warps=1)]
     # KI = 128: one row across the warp's lanes (fla's layout); KI = 16, 32: a row over 4 or 8 lanes
-    return [triton.Config({"BV": bv, "KI": ki}, num_warps=w, num_stages=1)
-            for bv, ki, w in ((8, 128, 1), (16, 128, 1), (8, 16, 1), (16, 16, 1), (4, 32, 1), (8, 32, 1),
-                              (16, 16, 2))]
+    return [triton.Config({"BV": bv, "KI": ki}, num_warps=w, num_stages=s)
+            for bv, ki, w, s in ((8, 128, 1, 1), (8, 128, 1, 3), (16, 128, 1, 3), (4, 32, 1, 1), (4, 32, 1, 3),
+                                 (8, 32, 1, 3), (8, 16, 1, 3))]
 
 
 @triton.autotune(configs=_chain_configs(), key=_KEY, restore_value=["h0"],
