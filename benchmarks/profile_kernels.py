@@ -30,10 +30,10 @@ from treewy.tree import DraftTree
 CHAIN3 = DraftTree.chain(3)
 TREE333 = DraftTree.from_widths((3, 3, 3))
 CASES = {  # name: (tree, B, kernels)
-    "chain3 B256": (CHAIN3, 256, ("fma", "chain", "dot", "dot_head", "node")),
-    "333 B256": (TREE333, 256, ("dot", "dot_head", "node")),
-    "chain3 B1": (CHAIN3, 1, ("fma", "chain", "dot", "node")),
-    "333 B1": (TREE333, 1, ("dot", "dot_head", "node")),
+    "chain3 B256": (CHAIN3, 256, ("fma", "chain", "dot", "dot_head")),
+    "333 B256": (TREE333, 256, ("dot", "dot_head")),
+    "chain3 B1": (CHAIN3, 1, ("fma", "chain", "dot")),
+    "333 B1": (TREE333, 1, ("dot", "dot_head")),
 }
 OPS = ("FFMA", "FMUL", "FADD", "SHFL", "LDS", "STS", "LDSM", "BAR", "HMMA", "LDG", "STG", "LDL", "STL", "MUFU")
 
@@ -41,10 +41,9 @@ OPS = ("FFMA", "FMUL", "FADD", "SHFL", "LDS", "STS", "LDSM", "BAR", "HMMA", "LDG
 def kernels():
     tv = importlib.import_module("treewy.ops.tree_verify")  # the module, not the function treewy.ops exports
 
-    return {"fma": (tv.tree_verify_fma_kernel, tv._fit_v), "chain": (tv.tree_verify_chain_kernel, tv._fit_v),
+    return {"fma": (tv.tree_verify_fma_kernel, tv._fit_v), "chain": (tv.tree_verify_chain_kernel, tv._prune_ki),
             "dot": (tv.tree_verify_dot_kernel, tv._prune_dot),
-            "dot_head": (tv.tree_verify_dot_head_kernel, tv._prune_dot),
-            "node": (tv.tree_verify_node_kernel, tv._prune_node)}
+            "dot_head": (tv.tree_verify_dot_head_kernel, tv._prune_dot)}
 
 
 def compiled(jit_fn):

@@ -16,7 +16,7 @@ import torch
 @dataclass(frozen=True)
 class Ops:
     name: str
-    tree_step: object         # (q, k, v, g, beta, state, parents, pending) -> (o, u); pending applied to state in place
+    tree_step: object         # (q, k, v, g, beta, state, parents, pending, chain) -> (o, u); pending applied in place
     flush: object             # (state, pending) -> state, the pending commit applied in place
     store_all_verify: object  # (q, k, v, g, beta, S0, parents) -> (o, states [B, T, HV, V, K])
     tree_conv1d: object       # (x, weight, conv_state, parents, bias, activation) -> y
@@ -31,7 +31,7 @@ def _torch_ops() -> Ops:
     def flush(state, pending):
         return state.copy_(naive_flush(state, pending))
 
-    def tree_step(q, k, v, g, beta, state, parents, pending):
+    def tree_step(q, k, v, g, beta, state, parents, pending, chain=False):
         if pending is not None:
             flush(state, pending)
         return naive_tree_verify(q, k, v, g, beta, state, parents)
@@ -51,18 +51,19 @@ def _kernel_flush(state, pending):
                            pending.accepted, pending.use_qk_l2norm_in_kernel)
 
 
-def flush_then_verify(q, k, v, g, beta, initial_state, parents, stride_pb, scale, pending=None):
+def flush_then_verify(q, k, v, g, beta, initial_state, parents, stride_pb, scale, pending=None, chain=False):
     """``tree_verify_fwd(..., pending=pending)`` in two launches: the pending commit in place, then the verify."""
     from treewy.ops.tree_verify import tree_verify_fwd
     if pending is not None:
         _kernel_flush(initial_state, pending)
-    return tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale)
+    return tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, chain=chain)
 
 
-def fused_step(q, k, v, g, beta, initial_state, parents, stride_pb, scale, pending=None):
-    """One launch: the pending commit folded into the verify (``tree_verify_fwd(..., pending=pending)``)."""
+def fused_step(q, k, v, g, beta, initial_state, parents, stride_pb, scale, pending=None, chain=False):
+    """One launch: the pending commit folded into the verify (``tree_verify_fwd(..., pending=pending)``);
+    ``chain``: the window is a chain, so the chain kernel runs it."""
     from treewy.ops.tree_verify import tree_verify_fwd
-    return tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, pending=pending)
+    return tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, pending=pending, chain=chain)
 
 
 #: The launcher of one reconstruct step (deferred commit + verify): ``fused_step`` (one launch) or
@@ -75,9 +76,9 @@ def _kernel_ops() -> Ops:
     from treewy.ops.store_all import store_all_verify_fwd
     from treewy.ops.tree_conv import tree_conv1d_commit_fwd, tree_conv1d_fwd
 
-    def tree_step(q, k, v, g, beta, state, parents, pending):
+    def tree_step(q, k, v, g, beta, state, parents, pending, chain=False):
         return STEP_LAUNCHER(q, k, v, g, beta, state, parents, _stride(parents), q.shape[-1] ** -0.5,
-                             pending=pending)
+                             pending=pending, chain=chain)
 
     def store_all_verify(q, k, v, g, beta, S0, parents):
         return store_all_verify_fwd(q, k, v, g, beta, S0, parents, _stride(parents), q.shape[-1] ** -0.5)

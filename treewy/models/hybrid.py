@@ -99,13 +99,14 @@ class Window:
     anc: torch.Tensor       # bool [B, T, T]: inclusive ancestor mask (attention among window tokens)
     depth: torch.Tensor     # int64 [T]
     max_depth: int
+    chain: bool             # parents[t] = t - 1: the verify runs the chain kernel
 
     @classmethod
     def of(cls, tree: DraftTree, B: int, device) -> Window:
         par = tree.parents.to(device=device, dtype=torch.int32).contiguous()
         anc = ancestor_mask(tree.parents).to(device)
         return cls(par, par.long()[None].expand(B, -1).contiguous(), anc[None].expand(B, -1, -1),
-                   tree.depth.long().to(device), tree.max_depth)
+                   tree.depth.long().to(device), tree.max_depth, tree.max_depth == tree.num_nodes - 1)
 
 
 @dataclass
@@ -155,7 +156,8 @@ def _gdn_window(cache, gdn, x, i, window, mode, ops, pend):
     y = ops.tree_conv1d(mixed, conv_weight(gdn), cache.conv[i], window.parents, gdn.conv1d.bias, "silu")
     q, k, v, g, beta = gdn_inputs(gdn, y, b, a)
     if mode == "reconstruct":
-        o, u = ops.tree_step(q, k, v, g, beta, cache.state_view(i), window.parents, cache.pending.pop(i, None))
+        o, u = ops.tree_step(q, k, v, g, beta, cache.state_view(i), window.parents, cache.pending.pop(i, None),
+                             window.chain)
         pend.gdn[i] = ("reconstruct", mixed, u, k, g)
         pend.transient_bytes += u.numel() * u.element_size() // B
     else:

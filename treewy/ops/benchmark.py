@@ -93,15 +93,17 @@ def step_fn(provider, x, tree, *, kernel=None, dot_precision=None, config=None):
     B, T = q.shape[:2]
     par = tree.parents.to("cuda", torch.int32)
     scale = q.shape[-1] ** -0.5
+    chain = tree.max_depth == T - 1
     if provider == "treewy":
         pend = previous_window(x, tree)
         return lambda: tree_verify_fwd(q, k, v, g, beta, state, par, 0, scale, pending=pend, kernel=kernel,
-                                       dot_precision=dot_precision, config=config)
+                                       dot_precision=dot_precision, config=config, chain=chain)
     if provider == "treewy_eager":
         acc = torch.randint(0, T, (B,), device="cuda", dtype=torch.int32)
 
         def eager():
-            _, u = tree_verify_fwd(q, k, v, g, beta, state, par, 0, scale, kernel=kernel, dot_precision=dot_precision)
+            _, u = tree_verify_fwd(q, k, v, g, beta, state, par, 0, scale, kernel=kernel, dot_precision=dot_precision,
+                                   chain=chain)
             tree_commit_fwd(state, u, k, g, par, 0, acc)
         return eager
     if provider == "store_all":

@@ -11,16 +11,16 @@ Grid (V / BV, B * HV): one program per request, value head and value tile. Each 
 in registers (exp(G_a) S0 + sum over the root..a path of exp(G_a - G_i) u_i k_i^T), writes it back
 once and verifies the new window from it: per step and head one state read, one state write.
 
-Two kernels, chosen by the padded window size BT = next_pow2(T):
-- ``tree_verify_fma_kernel`` (BT <= 8: chains and small trees): plain fp32 FMAs, no tensor
-  cores, no padding beyond BT. S k_t and S q_t are row reductions of the state tile; the system
-  (I + M) U = R is solved by forward substitution (parents precede children, so M is strictly
-  lower triangular), one row at a time, and o_t is finished as soon as u_t is known.
-- ``tree_verify_dot_kernel`` (larger trees): tensor-core dot products in "tf32x3" (fp32-level
-  error) on the GPU, "ieee" under the interpreter; the solve is the finite Neumann series in
-  Horner form (as many products as the tree is deep).
-- ``tree_verify_chain_kernel`` (``kernel="chain"``, chains only): the recurrence node by node on the
-  state tile, like fla's fused_recurrent, writing o and u and no state (exact fp32).
+Four kernels; ``default_kernel`` picks the one measured fastest for the window:
+- ``tree_verify_chain_kernel`` (chains): the recurrence node by node on the state tile, like fla's
+  fused_recurrent, writing o and u and no state (exact fp32).
+- ``tree_verify_fma_kernel`` (other windows of BT = next_pow2(T) <= 8): plain fp32 FMAs, no tensor
+  cores. S k_t and S q_t are row reductions of the state tile; the system (I + M) U = R is solved by
+  forward substitution (parents precede children, so M is strictly lower triangular).
+- ``tree_verify_dot_kernel`` / ``tree_verify_dot_head_kernel`` (larger trees; per value tile, or one
+  program per request and value head doing the V-independent work once): tensor-core dot products in
+  "tf32x3" (fp32-level error) on the GPU, "ieee" under the interpreter; the solve is the finite
+  Neumann series (as many products as the tree is deep).
 All walk the parent pointers from a device tensor (CUDA-graph capturable, no host branching).
 On a machine without CUDA, importing this module sets TRITON_INTERPRET=1 (see _triton.py).
 """
@@ -45,7 +45,7 @@ MAX_KERNEL_NODES = 128
 FMA_MAX_BT = 8
 
 #: The kernels ``tree_verify_fwd(kernel=...)`` can force (None chooses "fma" or "dot" by window size).
-KERNELS = ("fma", "dot", "dot_head", "chain", "node")
+KERNELS = ("fma", "dot", "dot_head", "chain")
 
 #: Dot-product precision of the dot kernel: "tf32x3" (three tf32 tensor-core passes, fp32-level
 #: error; the GPU default), "ieee" (plain fp32, slow at these shapes), "tf32" (fast, ~1e-4 error).
@@ -299,14 +299,7 @@ def tree_verify_fma_kernel(
         tl.store(o + p_row_tv, o_row.to(o.dtype.element_ty), mask=m_row_v)
 
 
-def _node_configs():
-    if INTERPRET:
-        return [triton.Config({"BV": 8, "KI": 4}, num_warps=1)]
-    return [triton.Config({"BV": bv, "KI": ki}, num_warps=w, num_stages=1)
-            for bv, ki, w in ((8, 16, 1), (16, 16, 2), (16, 16, 1), (4, 32, 1), (8, 32, 2), (8, 32, 1))]
-
-
-def _prune_node(configs, named_args, **kwargs):
+def _prune_ki(configs, named_args, **kwargs):
     K = {**named_args, **kwargs}["K"]
     out = [c for c in _fit_v(configs, named_args, **kwargs) if c.kwargs["KI"] <= max(4, triton.next_power_of_2(K))]
     return out or configs[:1]
@@ -374,79 +367,9 @@ def _key_row(k, row, i_h, o_k, m_k, H: tl.constexpr, K: tl.constexpr, L2NORM: tl
 
 
 @triton.jit
-def _dot_rows(b_x, b_y):
-    return tl.sum(tl.sum(b_x * b_y, 0), 0)
-
-
-@triton.jit
 def _state_apply(b_h, b_x):
     """S x for a [KC, BV, KI] state tile and a [KC, KI] vector: the chunk axis first (in registers)."""
     return tl.sum(tl.sum(b_h * b_x[:, None, :], 0), 1)
-
-
-@triton.autotune(configs=_node_configs(), key=_KEY, restore_value=["h0"],
-                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune_node}, **_AUTOTUNE_EXTRA)
-@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb"])
-def tree_verify_node_kernel(
-    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
-    stride_pb, stride_hb, stride_ppb, scale,
-    B, T, PT, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr,
-    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr,
-    PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, KI: tl.constexpr,
-):
-    """Exact fp32, node by node on a state that does not change inside the window (the WY form):
-    u_t = beta_t (v_t - e^{G_t} S k_t) - sum over strict ancestors i of beta_t e^{G_t - G_i} (k_t . k_i) u_i,
-    o_t = e^{G_t} S q_t + sum over inclusive ancestors of e^{G_t - G_i} (q_t . k_i) u_i (q scaled).
-
-    The [BV, K] state tile is held as [K / KI, BV, KI] (KI / 4 lanes per row, then rows across lanes,
-    the K / KI chunks in registers), so S k_t is mostly in-thread adds (no full-warp shuffles). Ancestors'
-    u_i are read back from ``u`` (written by this program, after a barrier). Any tree; T <= BT."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    i_b64 = i_b.to(tl.int64)
-    KC: tl.constexpr = BK // KI
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_k = tl.arange(0, KC)[:, None] * KI + tl.arange(0, KI)[None, :]
-    m_v, m_k = o_v < V, o_k < K
-    n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
-
-    b_h = _state_tile_3d(h0, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pu, pk, pg, ppar, pacc,
-                         stride_ppb, PT, H, HV, K, V, BPT, HAS_PENDING, PENDING_L2NORM)
-
-    # parents in registers; path sums G_t = g_t + G_parent(t) filled in as the nodes are visited
-    o_t = tl.arange(0, BT)
-    b_par = tl.load(parents + i_b64 * stride_pb + o_t, mask=o_t < n_b, other=-1)
-    b_G = tl.zeros([BT], dtype=tl.float32)
-    for t in range(0, T):
-        row = i_b64 * T + t
-        p_tv = (row * HV + i_hv) * V + o_v
-        if t < n_b:
-            b_k = _key_row(k, row, i_h, o_k, m_k, H, K, USE_QK_L2NORM_IN_KERNEL)
-            b_q = _key_row(q, row, i_h, o_k, m_k, H, K, USE_QK_L2NORM_IN_KERNEL) * scale
-            b_v = tl.load(v + p_tv, mask=m_v, other=0).to(tl.float32)
-            b_beta = tl.load(beta + row * HV + i_hv).to(tl.float32)
-            G_t = tl.load(g + row * HV + i_hv).to(tl.float32) + _gather(b_G, o_t, _gather(b_par, o_t, t))
-            b_G = tl.where(o_t == t, G_t, b_G)
-            b_u = b_beta * (b_v - tl.exp(G_t) * _state_apply(b_h, b_k))
-            b_o = tl.exp(G_t) * _state_apply(b_h, b_q)
-            tl.debug_barrier()  # the ancestors' u rows written by this program are visible
-            cur = _gather(b_par, o_t, t)
-            while cur >= 0:
-                r_i = i_b64 * T + cur
-                b_ki = _key_row(k, r_i, i_h, o_k, m_k, H, K, USE_QK_L2NORM_IN_KERNEL)
-                b_ui = tl.load(u + (r_i * HV + i_hv) * V + o_v, mask=m_v, other=0)
-                w = tl.exp(G_t - _gather(b_G, o_t, cur))
-                b_u -= (b_beta * w * _dot_rows(b_k, b_ki)) * b_ui
-                b_o += (w * _dot_rows(b_q, b_ki)) * b_ui
-                cur = _gather(b_par, o_t, cur)
-            b_o += _dot_rows(b_q, b_k) * b_u
-        else:
-            b_u = tl.zeros([BV], dtype=tl.float32)
-            b_o = tl.zeros([BV], dtype=tl.float32)
-        tl.store(u + p_tv, b_u, mask=m_v)
-        tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_v)
 
 
 def _chain_configs():
@@ -459,7 +382,7 @@ def _chain_configs():
 
 
 @triton.autotune(configs=_chain_configs(), key=_KEY, restore_value=["h0"],
-                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune_node}, **_AUTOTUNE_EXTRA)
+                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune_ki}, **_AUTOTUNE_EXTRA)
 @triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb"])
 def tree_verify_chain_kernel(
     q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
@@ -471,7 +394,9 @@ def tree_verify_chain_kernel(
 ):
     """Chains only (parents[t] = t - 1, not read): the recurrence node by node on the state tile in
     registers, as fla's fused_recurrent does, writing o_t and u_t = beta_t (v_t - exp(g_t) S_{t-1} k_t)
-    and no state (the commit stays pending). The tile is [K / KI, BV, KI] as in the node kernel."""
+    and no state (the commit stays pending). The state tile is held as [K / KI, BV, KI]: KI = K puts a row
+    across the warp's lanes (fla's layout), smaller KI a row over KI / 4 lanes with the K / KI chunks in
+    registers (fewer shuffles per reduction, more registers); the autotuner picks."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -659,8 +584,20 @@ def tree_verify_dot_head_kernel(
         tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_store)
 
 
+def default_kernel(T: int, B: int, HV: int, chain: bool = False) -> str:
+    """The verify kernel measured fastest for a window (H200, 2026-11-29, benchmarks/NOTES.md): "chain" for
+    chains (every chain row: 447 vs 699 us at k = 3, B = 256; 5.5 vs 9.2 us at B = 1), "fma" for other
+    windows of up to FMA_MAX_BT padded nodes, then "dot_head" with B * HV >= 512 programs (3726 vs 5275 us
+    at (3,3,3), B = 256; 930 vs 1235 us at B = 59) and "dot" below (31 vs 86 us at B = 1)."""
+    if chain:
+        return "chain"
+    if triton.next_power_of_2(max(T, 2)) <= FMA_MAX_BT:
+        return "fma"
+    return "dot_head" if B * HV >= 512 else "dot"
+
+
 def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, use_qk_l2norm_in_kernel=False,
-                    num_nodes=None, dot_precision=None, pending=None, kernel=None, config=None):
+                    num_nodes=None, dot_precision=None, pending=None, kernel=None, config=None, chain=False):
     """Launcher: inputs already validated; parents int32 on the inputs' device. Returns (o, u fp32).
 
     ``pending``: a PendingCommit whose parents and accepted are int32 device tensors (validated), or
@@ -677,7 +614,7 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     o = torch.empty_like(v)
     u = torch.empty(B, T, HV, V, device=v.device, dtype=torch.float32)
     BT = triton.next_power_of_2(max(T, 2))
-    kernel = kernel or ("fma" if BT <= FMA_MAX_BT else "dot")
+    kernel = kernel or default_kernel(T, B, HV, chain)
     if kernel.startswith("dot"):
         BT = max(16, BT)
     if pending is not None:
@@ -689,7 +626,7 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
         pu = pk = pg = ppar = pacc = u
         PT, stride_ppb, pl2 = 1, 0, False
     fn = {"fma": tree_verify_fma_kernel, "dot": tree_verify_dot_kernel, "dot_head": tree_verify_dot_head_kernel,
-          "chain": tree_verify_chain_kernel, "node": tree_verify_node_kernel}[kernel]
+          "chain": tree_verify_chain_kernel}[kernel]
 
     def grid(meta):
         return (1 if kernel == "dot_head" else triton.cdiv(V, meta["BV"]), B * HV)
@@ -723,8 +660,9 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     accepted = -1 are left as they are), then the window is verified from it. The next step's
     pending commit is ``PendingCommit(u, k, g, parents, accepted)`` of this window.
 
-    kernel: None (chosen by window size), "fma", "dot", "dot_head" or "chain" (the node-by-node
-    recurrence, for windows whose every request is a chain); see ``tree_verify_fwd``.
+    kernel: None (``default_kernel``: the chain kernel when every request's window is a chain, found
+    from ``parents``), "fma", "dot", "dot_head" or "chain" (the node-by-node recurrence, chains only);
+    see ``tree_verify_fwd``.
 
     While a CUDA graph is being captured only metadata is checked: pass int32 device tensors
     validated beforehand.
@@ -734,11 +672,10 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
                                                        max_nodes=MAX_KERNEL_NODES, values=values)
     if pending is not None:
         pending = check_pending(pending, initial_state, dims, max_nodes=MAX_KERNEL_NODES, values=values)
-    if kernel == "chain" and values:
-        chain = torch.arange(-1, dims.T - 1, device=par.device, dtype=par.dtype)
-        if not bool((par == chain).all()):
-            raise ValueError("kernel='chain' needs every request's window to be a chain (parents[t] = t - 1); "
-                             "leave kernel=None for trees")
+    chain = values and bool((par == torch.arange(-1, dims.T - 1, device=par.device, dtype=par.dtype)).all())
+    if kernel == "chain" and values and not chain:
+        raise ValueError("kernel='chain' needs every request's window to be a chain (parents[t] = t - 1); "
+                         "leave kernel=None for trees")
     scale = dims.K ** -0.5 if scale is None else float(scale)
     return tree_verify_fwd(q, k, v, g, beta, initial_state, par, stride_pb, scale, use_qk_l2norm_in_kernel, nn,
-                           pending=pending, kernel=kernel)
+                           pending=pending, kernel=kernel, chain=chain)
