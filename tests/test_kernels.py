@@ -393,3 +393,24 @@ def test_triton_imported_before_treewy_is_a_clear_error():
     ok = subprocess.run([sys.executable, "-c", "import treewy, triton, treewy.ops"], env=env, capture_output=True,
                         text=True)
     assert ok.returncode == 0, ok.stderr
+
+
+def test_offline_compile_reports_registers_and_sass():
+    """benchmarks/compile_offline.py compiles a verify kernel for sm_90 without a GPU (Triton's ptxas)."""
+    import ast
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(root)}
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "compile_offline.py"), "--kernel", "chain",
+                          "--K", "64", "--V", "64", "--BV", "8", "--KI", "64"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rep = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert rep["registers"] > 0 and rep["stack"] == 0 and rep["LDG"] > 0 and rep["STG"] > 0 and rep["total"] > 100
+    bad = subprocess.run([sys.executable, str(root / "benchmarks" / "compile_offline.py")], capture_output=True,
+                         text=True, env={**env, "TRITON_INTERPRET": "1"}, timeout=120)
+    assert bad.returncode != 0 and "TRITON_INTERPRET=0" in bad.stderr

@@ -1,0 +1,103 @@
+"""Compile a verify kernel config for an H100/H200 (sm_90) on a machine without a GPU and print what the
+compiler made of it: registers, stack (spills), shared memory and a static count of selected SASS
+opcodes (shuffles, shared-memory traffic, barriers, loads, stores, FMAs). Cheap to run before
+spending GPU time; the register counts matched the H200's within a few registers on 2026-11-29.
+
+    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel chain --BV 8 --KI 128 --warps 1 --stages 3
+    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel dot --T 40 --BV 32 --BK 32 --warps 4 --ttgir
+
+Uses the ptxas and nvdisasm that ship with Triton's NVIDIA backend. Pointers and the state's batch
+stride are marked 16-byte aligned, as Triton specializes them at run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+
+OPS = ("FFMA", "FMUL", "FADD", "SHFL", "LDS", "STS", "LDSM", "BAR", "HMMA", "LDG", "STG", "LDL", "STL", "MUFU")
+POINTERS = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", h0="*fp32", parents="*i32",
+                num_nodes="*i32", o="*bf16", u="*fp32", pu="*fp32", pk="*bf16", pg="*fp32", ppar="*i32",
+                pacc="*i32")
+
+
+def compile_sm90(jit_fn, constexprs, pointers, num_warps, num_stages):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    nospec = {jit_fn.arg_names[i] if isinstance(i, int) else i for i in (jit_fn.do_not_specialize or ())}
+    sig = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n == "scale" else "i32")
+           for n in jit_fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(jit_fn.arg_names)
+             if (n in pointers or n == "stride_hb") and n not in nospec}
+    consts = {(jit_fn.arg_names.index(k),): v for k, v in constexprs.items()}
+    src = ASTSource(fn=jit_fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
+                                                                               num_stages=num_stages))
+
+
+def report(ck):
+    import triton
+
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(ck.asm["cubin"])
+        usage = subprocess.run([os.path.join(tools, "cuobjdump"), "--dump-resource-usage", cubin],
+                               capture_output=True, text=True).stdout
+        sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", cubin], capture_output=True, text=True).stdout
+    ops = Counter(m.group(1) for m in re.finditer(r"^\s+(?:/\*[0-9a-f]+\*/\s+)?(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[\s.]",
+                                                   sass, re.M))
+    regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
+    return dict(registers=int(regs.group(1)) if regs else None, stack=int(stack.group(1)) if stack else None,
+                shared=ck.metadata.shared, **{op: ops.get(op, 0) for op in OPS}, total=sum(ops.values()))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kernel", default="chain", choices=("fma", "chain", "dot", "dot_head"))
+    ap.add_argument("--T", type=int, default=4, help="window nodes")
+    ap.add_argument("--PT", type=int, default=4, help="pending window nodes")
+    ap.add_argument("--H", type=int, default=16)
+    ap.add_argument("--HV", type=int, default=32)
+    ap.add_argument("--K", type=int, default=128)
+    ap.add_argument("--V", type=int, default=128)
+    ap.add_argument("--BV", type=int, default=8)
+    ap.add_argument("--BK", type=int, help="key chunk (dot kernels); default next_pow2(K)")
+    ap.add_argument("--KI", type=int, default=128, help="chain kernel: keys per row segment")
+    ap.add_argument("--warps", type=int, default=1)
+    ap.add_argument("--stages", type=int, default=1)
+    ap.add_argument("--bf16-state", action="store_true")
+    ap.add_argument("--ttgir", action="store_true", help="also print the layouts Triton chose")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
+        sys.exit("set TRITON_INTERPRET=0: the interpreter has no compiler to ask")
+    os.environ["TRITON_INTERPRET"] = "0"
+    import triton
+
+    tv = importlib.import_module("treewy.ops.tree_verify")
+    kern = getattr(tv, f"tree_verify_{args.kernel}_kernel").fn
+    bt = triton.next_power_of_2(max(args.T, 2))
+    consts = dict(H=args.H, HV=args.HV, K=args.K, V=args.V, BT=max(16, bt) if args.kernel.startswith("dot") else bt,
+                  BK=args.BK or triton.next_power_of_2(args.K), BV=args.BV,
+                  BPT=triton.next_power_of_2(max(args.PT, 2)), USE_QK_L2NORM_IN_KERNEL=False, HAS_NUM_NODES=False,
+                  HAS_PENDING=True, PENDING_L2NORM=False, DOT_PRECISION="tf32x3")
+    if args.kernel == "chain":
+        consts["KI"] = args.KI
+    pointers = {**POINTERS, "h0": "*bf16" if args.bf16_state else "*fp32"}
+    ck = compile_sm90(kern, consts, pointers, args.warps, args.stages)
+    print(report(ck))
+    if args.ttgir:
+        print("\n".join(line for line in ck.asm["ttgir"].splitlines() if line.startswith("#")))
+
+
+if __name__ == "__main__":
+    main()
