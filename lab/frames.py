@@ -105,6 +105,26 @@ def kernel_results_frame(path) -> pl.DataFrame:
     return df.with_columns(source=pl.lit(f"{data['device']}, {data['date']} (measured)"))
 
 
+def kernel_targets_frame(path=None) -> pl.DataFrame:
+    """The kernel performance targets of a targets_<device>_<date>.json (benchmarks/bench_kernels.py; default:
+    the one committed in benchmarks/results/) as a frame: target, measured, unit, bar, result, source."""
+    import json
+    from pathlib import Path
+
+    from treewy.sim.cost import RESULTS_DIR
+
+    if path is None:
+        found = sorted(RESULTS_DIR.glob("targets_*.json"))
+        if not found:
+            raise FileNotFoundError(f"no targets_*.json in {RESULTS_DIR}: run benchmarks/bench_kernels.py on a GPU")
+        path = found[-1]
+    data = json.loads(Path(path).read_text())
+    rows = [dict(target=t["target"], measured=float(t["measured"]), unit=t["unit"], bar=t["bar"],
+                 result="report" if t["bar"].startswith(("report", "device")) else ("PASS" if t["ok"] else "FAIL"))
+            for t in data["targets"]]
+    return pl.DataFrame(rows).with_columns(source=pl.lit(f"{data['device']}, {data['date']} (measured)"))
+
+
 def acceptance_frame(sweep: pl.DataFrame, source: str) -> pl.DataFrame:
     """(drafter, kind, shape, N, acceptance, acceptance_lo, acceptance_hi, source) from a treewy.sweep frame,
     one row per shape (the commit modes accept the same nodes, so reconstruct rows stand for both)."""

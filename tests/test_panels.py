@@ -112,3 +112,23 @@ def test_sweep_panel_runs_live_and_overlays_its_sources():
     p.set(drafter="ngram")
     p.run_button.click()
     assert not any(s.startswith("paper") for s in p.frames["acceptance"]["source"])  # the paper drafts with MTP
+
+
+def test_kernel_targets_frame_reads_the_committed_targets(tmp_path):
+    """The notebook's targets table: every target of the committed run, labelled measured with device and date."""
+    import json
+
+    from lab.frames import kernel_targets_frame
+
+    df = kernel_targets_frame()
+    assert df.height >= 12 and set(df["result"]) <= {"PASS", "FAIL", "report"}
+    assert all(s.endswith("(measured)") for s in df["source"])
+    assert {t.split()[0] for t in df["target"]} == {"1", "2", "3", "4", "5", "6"}
+    path = tmp_path / "targets_x.json"
+    path.write_text(json.dumps(dict(device="GPU X", date="2026-01-01", targets=[
+        dict(target="1 step", measured=250.0, bar="<= 300", ok=True, unit="us"),
+        dict(target="3 memory", measured=600.0, bar="device 140", ok=True, unit="GiB"),
+        dict(target="4 latency", measured=31.0, bar="<= 15", ok=False, unit="us")])))
+    mine = kernel_targets_frame(path)
+    assert mine["result"].to_list() == ["PASS", "report", "FAIL"]
+    assert mine["source"][0] == "GPU X, 2026-01-01 (measured)"
