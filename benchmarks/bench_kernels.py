@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from treewy.ops.benchmark import COPY_BW, MODELS, run_case, state_bytes, trees
+from treewy.ops.benchmark import COPY_BW, MODELS, run_case, state_bytes, target_result, trees
 from treewy.tree import DraftTree
 
 CHAIN3 = ((1, 1, 1), DraftTree.chain(3))
@@ -171,8 +171,7 @@ def fmt(targets, rows):
     for t in targets:
         m = t["measured"]
         ms = f"{m:11.3g}" if (abs(m) < 1e-2 or abs(m) >= 1e4) else f"{m:11.2f}"
-        res = "report" if t["bar"].startswith(("report", "device")) else ("PASS" if t["ok"] else "FAIL")
-        lines.append(f"{t['target']:62s} {ms}  {t['bar']:>10s}  {res}")
+        lines.append(f"{t['target']:62s} {ms}  {t['bar']:>10s}  {target_result(t)}")
     lines += ["", f"{'case':34s} {'us':>9s} {'GB/s':>7s} {'roof us':>8s} {'frac':>5s}  MiB/req", "-" * 80]
     for key, r in rows.items():
         us = f"{r['us']:9.1f}" if r["us"] is not None else f"{'-':>9s}"

@@ -13,7 +13,6 @@ stride are marked 16-byte aligned, as Triton specializes them at run time.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import re
 import subprocess
@@ -83,8 +82,9 @@ def main(argv=None):
     os.environ["TRITON_INTERPRET"] = "0"
     import triton
 
-    tv = importlib.import_module("treewy.ops.tree_verify")
-    kern = getattr(tv, f"tree_verify_{args.kernel}_kernel").fn
+    from treewy.ops.tree_verify import KERNEL_FNS
+
+    kern = KERNEL_FNS[args.kernel].fn
     bt = triton.next_power_of_2(max(args.T, 2))
     consts = dict(H=args.H, HV=args.HV, K=args.K, V=args.V, BT=max(16, bt) if args.kernel.startswith("dot") else bt,
                   BK=args.BK or triton.next_power_of_2(args.K), BV=args.BV,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import json
 import re
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from treewy.ops.benchmark import COPY_BW, MODELS, bench, make, min_bytes, step_fn
+from treewy.ops.tree_verify import KERNEL_FNS
 from treewy.tree import DraftTree
 
 CHAIN3 = DraftTree.chain(3)
@@ -36,14 +36,6 @@ CASES = {  # name: (tree, B, kernels)
     "333 B1": (TREE333, 1, ("dot", "dot_head")),
 }
 OPS = ("FFMA", "FMUL", "FADD", "SHFL", "LDS", "STS", "LDSM", "BAR", "HMMA", "LDG", "STG", "LDL", "STL", "MUFU")
-
-
-def kernels():
-    tv = importlib.import_module("treewy.ops.tree_verify")  # the module, not the function treewy.ops exports
-
-    return {"fma": (tv.tree_verify_fma_kernel, tv._fit_v), "chain": (tv.tree_verify_chain_kernel, tv._prune_ki),
-            "dot": (tv.tree_verify_dot_kernel, tv._prune_dot),
-            "dot_head": (tv.tree_verify_dot_head_kernel, tv._prune_dot)}
 
 
 def compiled(jit_fn):
@@ -79,10 +71,10 @@ def time_configs(args, log):
         for name in names:
             if args.kernels and name not in args.kernels:
                 continue
-            kern, prune = kernels()[name]
+            kern = KERNEL_FNS[name]
             bt = triton.next_power_of_2(BT)
             bt = max(16, bt) if name.startswith("dot") else bt
-            cfgs = prune(kern.configs, {"BT": bt, "K": K, "V": V})
+            cfgs = kern.early_config_prune(kern.configs, {"BT": bt, "K": K, "V": V})
             for cfg in cfgs:
                 if time.time() - t0 > args.deadline:
                     log(f"deadline {args.deadline} s reached: {case} {name} {cfg} and later configs not timed")

@@ -111,6 +111,7 @@ def kernel_targets_frame(path=None) -> pl.DataFrame:
     import json
     from pathlib import Path
 
+    from treewy.ops.benchmark import target_result
     from treewy.sim.cost import RESULTS_DIR
 
     if path is None:
@@ -120,8 +121,7 @@ def kernel_targets_frame(path=None) -> pl.DataFrame:
         path = found[-1]
     data = json.loads(Path(path).read_text())
     rows = [dict(target=t["target"], measured=float(t["measured"]), unit=t["unit"], bar=t["bar"],
-                 result="report" if t["bar"].startswith(("report", "device")) else ("PASS" if t["ok"] else "FAIL"))
-            for t in data["targets"]]
+                 result=target_result(t)) for t in data["targets"]]
     return pl.DataFrame(rows).with_columns(source=pl.lit(f"{data['device']}, {data['date']} (measured)"))
 
 

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from treewy.ops._triton import is_capturing
 from treewy.ops.checks import check_accepted, check_gdn_kernel_inputs
-from treewy.ops.tree_verify import MAX_KERNEL_NODES, _recurrent_node
+from treewy.ops.tree_verify import MAX_KERNEL_NODES, _program, _recurrent_node
 
 
 @triton.jit(do_not_specialize=["stride_pb", "stride_hb"])
@@ -34,10 +34,7 @@ def store_all_verify_kernel(
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
 ):
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    i_b64 = i_b.to(tl.int64)
+    i_v, i_b, i_b64, i_hv, i_h = _program(H, HV)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from treewy.ops._triton import is_capturing
 from treewy.ops.checks import check_commit_inputs
-from treewy.ops.tree_verify import MAX_KERNEL_NODES
+from treewy.ops.tree_verify import MAX_KERNEL_NODES, _program
 
 
 @triton.jit(do_not_specialize=["stride_pb"])
@@ -33,10 +33,7 @@ def tree_commit_kernel(
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
 ):
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    i_b64 = i_b.to(tl.int64)
+    i_v, i_b, i_b64, i_hv, i_h = _program(H, HV)
     o_v = i_v * BV + tl.arange(0, BV)
     o_k = tl.arange(0, BK)
     m_v, m_k = o_v < V, o_k < K

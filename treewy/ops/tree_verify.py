@@ -91,13 +91,20 @@ def _dot_configs():
 
 
 @triton.jit
-def _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT,
-                  HV: tl.constexpr, V: tl.constexpr, BPT: tl.constexpr):
-    """The pending accepted node a and its root..a path: (a, on-path mask [BPT], rows, G_a, w_i u_i [BPT, BV]).
+def _program(H: tl.constexpr, HV: tl.constexpr):
+    """(value tile, request, request as int64, value head, its key head) of a (V / BV, B * HV) grid program."""
+    i_bh = tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    return tl.program_id(0), i_b, i_b.to(tl.int64), i_hv, i_hv // (HV // H)
+
+
+@triton.jit
+def _path(i_b, i_b64, i_hv, pg, ppar, pacc, stride_ppb, PT, HV: tl.constexpr, BPT: tl.constexpr):
+    """The pending accepted node a and its root..a path over the BPT slots: (a, o_p, on-path mask, parents,
+    G_a, weights exp(G_a - G_i) [BPT], 0 off the path).
 
     The path is found in registers (parents loaded once); G_i is the cumsum of g over the path in
-    index order (ancestors precede descendants), so the weights are w_i = exp(G_a - G_i).
-    """
+    index order (ancestors precede descendants)."""
     a = tl.load(pacc + i_b)
     o_p = tl.arange(0, BPT)
     b_par = tl.load(ppar + i_b64 * stride_ppb + o_p, mask=o_p < PT, other=-1)
@@ -105,11 +112,18 @@ def _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT
     cur = a
     while cur >= 0:
         on = on | (o_p == cur)
-        cur = tl.sum(tl.where(o_p == cur, b_par, 0), 0)
-    rows = i_b64 * PT + o_p
-    b_gp = tl.load(pg + rows * HV + i_hv, mask=on, other=0).to(tl.float32)
+        cur = _gather(b_par, o_p, cur)
+    b_gp = tl.load(pg + (i_b64 * PT + o_p) * HV + i_hv, mask=on, other=0).to(tl.float32)
     b_C = tl.sum(b_gp, 0)
-    b_w = tl.where(on, tl.exp(b_C - tl.cumsum(b_gp, 0)), 0.0)
+    return a, o_p, on, b_par, b_C, tl.where(on, tl.exp(b_C - tl.cumsum(b_gp, 0)), 0.0)
+
+
+@triton.jit
+def _pending_path(i_b, i_b64, i_hv, o_v, m_v, pu, pg, ppar, pacc, stride_ppb, PT,
+                  HV: tl.constexpr, V: tl.constexpr, BPT: tl.constexpr):
+    """(a, on-path mask [BPT], rows, G_a, w_i u_i [BPT, BV]) for a [BV, BK] state tile (see ``_path``)."""
+    a, o_p, on, _, b_C, b_w = _path(i_b, i_b64, i_hv, pg, ppar, pacc, stride_ppb, PT, HV, BPT)
+    rows = i_b64 * PT + o_p
     b_u = tl.load(pu + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=on[:, None] & m_v[None, :], other=0)
     return a, on, rows, b_C, b_u.to(tl.float32) * b_w[:, None]
 
@@ -233,10 +247,7 @@ def tree_verify_fma_kernel(
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr,
     PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    i_b64 = i_b.to(tl.int64)
+    i_v, i_b, i_b64, i_hv, i_h = _program(H, HV)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -310,24 +321,13 @@ def _state_tile_3d(h0, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pu,
                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BPT: tl.constexpr,
                    HAS_PENDING: tl.constexpr, PENDING_L2NORM: tl.constexpr):
     """The committed state's value tile as [K / KI, BV, KI] fp32 (o_k: [K / KI, KI] key offsets). With a
-    pending commit, exp(G_a) S0 + sum over the root..a path of exp(G_a - G_i) u_i k_i^T, found by walking
-    up from a in registers (rank-1 updates, exact fp32), written back once and returned as stored."""
+    pending commit, exp(G_a) S0 + sum over the root..a path of exp(G_a - G_i) u_i k_i^T (``_path``; rank-1
+    updates, exact fp32), written back once and returned as stored."""
     p_h = h0 + i_b64 * stride_hb + i_hv * V * K + o_v[None, :, None] * K + o_k[:, None, :]
     m_h = m_v[None, :, None] & m_k[:, None, :]
     b_h = tl.load(p_h, mask=m_h, other=0).to(tl.float32)
     if HAS_PENDING:
-        a = tl.load(pacc + i_b)
-        o_p = tl.arange(0, BPT)
-        b_ppar = tl.load(ppar + i_b64 * stride_ppb + o_p, mask=o_p < PT, other=-1)
-        b_pg = tl.load(pg + (i_b64 * PT + o_p) * HV + i_hv, mask=o_p < PT, other=0).to(tl.float32)
-        on = o_p < 0
-        cur = a
-        while cur >= 0:
-            on = on | (o_p == cur)
-            cur = _gather(b_ppar, o_p, cur)
-        b_gp = tl.where(on, b_pg, 0.0)
-        b_C = tl.sum(b_gp, 0)
-        b_w = tl.where(on, tl.exp(b_C - tl.cumsum(b_gp, 0)), 0.0)  # exp(G_a - G_i), ancestors first
+        a, o_p, on, b_ppar, b_C, b_w = _path(i_b, i_b64, i_hv, pg, ppar, pacc, stride_ppb, PT, HV, BPT)
         b_h = b_h * tl.exp(b_C)
         if BPT <= 8:  # small windows: every slot's rows loaded at once (masked off the path), no serial walk
             for j in tl.static_range(BPT):
@@ -397,10 +397,7 @@ def tree_verify_chain_kernel(
     and no state (the commit stays pending). The state tile is held as [K / KI, BV, KI]: KI = K puts a row
     across the warp's lanes (fla's layout), smaller KI a row over KI / 4 lanes with the K / KI chunks in
     registers (fewer shuffles per reduction, more registers); the autotuner picks."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    i_b64 = i_b.to(tl.int64)
+    i_v, i_b, i_b64, i_hv, i_h = _program(H, HV)
     KC: tl.constexpr = BK // KI
     o_v = i_v * BV + tl.arange(0, BV)
     o_k = tl.arange(0, KC)[:, None] * KI + tl.arange(0, KI)[None, :]
@@ -438,10 +435,7 @@ def tree_verify_dot_kernel(
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr,
     PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    i_b64 = i_b.to(tl.int64)
+    i_v, i_b, i_b64, i_hv, i_h = _program(H, HV)
     o_t = tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
@@ -516,10 +510,7 @@ def tree_verify_dot_head_kernel(
     """The dot kernel with one program per (request, value head): the V-independent work (ancestors,
     K K^T, Q K^T and (I + M)^-1 by the Neumann series) is done once, then the value tiles stream
     through, U = (I + M)^-1 R taking one product per tile. Grid (1, B * HV)."""
-    i_bh = tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    i_b64 = i_b.to(tl.int64)
+    _, i_b, i_b64, i_hv, i_h = _program(H, HV)
     o_t = tl.arange(0, BT)
     n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
     m_t = o_t < n_b
@@ -584,6 +575,11 @@ def tree_verify_dot_head_kernel(
         tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_store)
 
 
+#: The autotuned kernel behind each name of KERNELS.
+KERNEL_FNS = {"fma": tree_verify_fma_kernel, "dot": tree_verify_dot_kernel, "dot_head": tree_verify_dot_head_kernel,
+              "chain": tree_verify_chain_kernel}
+
+
 def default_kernel(T: int, B: int, HV: int, chain: bool = False) -> str:
     """The verify kernel measured fastest for a window (H200, 2026-11-29, benchmarks/NOTES.md): "chain" for
     chains (every chain row: 447 vs 699 us at k = 3, B = 256; 5.5 vs 9.2 us at B = 1), "fma" for other
@@ -625,8 +621,7 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     else:
         pu = pk = pg = ppar = pacc = u
         PT, stride_ppb, pl2 = 1, 0, False
-    fn = {"fma": tree_verify_fma_kernel, "dot": tree_verify_dot_kernel, "dot_head": tree_verify_dot_head_kernel,
-          "chain": tree_verify_chain_kernel}[kernel]
+    fn = KERNEL_FNS[kernel]
 
     def grid(meta):
         return (1 if kernel == "dot_head" else triton.cdiv(V, meta["BV"]), B * HV)
