@@ -21,7 +21,13 @@ sys.path.insert(0, str(Path(__file__).parent / "serve_fakes"))
 import support  # noqa: E402
 
 from treewy.cli import main  # noqa: E402
-from treewy.serve.launcher import ServeError, ServeOptions, build_command, check_mtp_weights  # noqa: E402
+from treewy.serve.launcher import (  # noqa: E402
+    ServeError,
+    ServeOptions,
+    build_command,
+    check_mtp_weights,
+    check_vllm_installed,
+)
 from treewy.serve.presets import PRESETS, ServePreset  # noqa: E402
 
 
@@ -50,10 +56,10 @@ def test_dry_run_prints_the_exact_command(capsys, preset, tp, gmu, mode):
     assert env["TREEWY_MODE"] == mode
     if mode == "reconstruct":
         assert env["VLLM_PLUGINS"] == "treewy"
-        assert json.loads(_flag(argv, "--compilation-config")) == {"cudagraph_mode": "PIECEWISE"}
         assert "# env VLLM_PLUGINS=treewy" in out
     else:
-        assert "VLLM_PLUGINS" not in env and "--compilation-config" not in argv
+        assert "VLLM_PLUGINS" not in env
+    assert "--compilation-config" not in argv   # both modes run under vLLM's default CUDA graphs
 
 
 def test_dry_run_overrides_and_model_path(capsys, tmp_path):
@@ -85,6 +91,18 @@ def test_vllm_missing(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert main(["serve", "--model", "m", "--no-gpu-check"]) == 2
     assert "vLLM is not installed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.25.1", "0.27.0"])
+def test_unsupported_vllm_is_refused_with_the_supported_versions(capsys, tmp_path, monkeypatch, version):
+    monkeypatch.setenv("PATH", str(support.fake_vllm_bin(tmp_path)))
+    monkeypatch.setenv("FAKE_VLLM_VERSION", version)
+    if version == "0.33.0":   # source-checked line: accepted
+        assert check_vllm_installed().endswith("vllm")
+        return
+    assert main(["serve", "--model", "m", "--no-gpu-check"]) == 2
+    err = capsys.readouterr().err
+    assert f"vLLM {version} is not supported" in err and "0.26.x" in err and "0.33.x" in err
 
 
 def test_no_gpu(capsys, tmp_path, monkeypatch):

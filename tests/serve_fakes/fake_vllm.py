@@ -249,7 +249,7 @@ def bench(argv: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--version"]:
-        print("0.33.0")
+        print(os.environ.get("FAKE_VLLM_VERSION", "0.26.0"))
         return 0
     if argv[:1] == ["serve"]:
         return serve(argv[1:])

@@ -61,7 +61,7 @@ _AUTOTUNE_PARAMS = inspect.signature(triton.autotune).parameters
 _AUTOTUNE_EXTRA = {**({"do_bench": _quick_bench} if "do_bench" in _AUTOTUNE_PARAMS else {}),
                    **({"cache_results": True} if "cache_results" in _AUTOTUNE_PARAMS else {})}
 _KEY = ["B", "T", "H", "HV", "K", "V", "BT", "PT", "USE_QK_L2NORM_IN_KERNEL", "HAS_NUM_NODES", "HAS_PENDING",
-        "DOT_PRECISION"]
+        "DOT_PRECISION", "HAS_STATE_INDICES"]
 
 
 def _fit_v(configs, named_args, **kwargs):
@@ -96,6 +96,16 @@ def _program(H: tl.constexpr, HV: tl.constexpr):
     i_bh = tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     return tl.program_id(0), i_b, i_b.to(tl.int64), i_hv, i_hv // (HV // H)
+
+
+@triton.jit
+def _bases(i_b, i_b64, h0, pu, pk, pg, ppar, pacc, state_idx, stride_hb, stride_pu, stride_pk, stride_pg, stride_ppb,
+           HAS_STATE_INDICES: tl.constexpr):
+    """Request i_b's state and pending-commit pointers, as row 0 of what the helpers below index: its pool
+    slot state_idx[i_b] when given (state and pending stash live there), else row i_b."""
+    i_s = tl.load(state_idx + i_b).to(tl.int64) if HAS_STATE_INDICES else i_b64
+    return (h0 + i_s * stride_hb, pu + i_s * stride_pu, pk + i_s * stride_pk, pg + i_s * stride_pg,
+            ppar + i_b64 * stride_ppb, pacc + i_b)
 
 
 @triton.jit
@@ -238,16 +248,18 @@ def _recurrent_node(b_h, q, k, v, g, beta, i_row, i_h, i_hv, o_k, m_k, o_v, m_v,
 
 @triton.autotune(configs=_fma_configs(), key=_KEY, restore_value=["h0"],
                  prune_configs_by=None if INTERPRET else {"early_config_prune": _fit_v}, **_AUTOTUNE_EXTRA)
-@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb"])
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb", "stride_pu", "stride_pk", "stride_pg"])
 def tree_verify_fma_kernel(
-    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
-    stride_pb, stride_hb, stride_ppb, scale,
+    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc, state_idx,
+    stride_pb, stride_hb, stride_ppb, stride_pu, stride_pk, stride_pg, scale,
     B, T, PT, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr,
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr,
-    PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_STATE_INDICES: tl.constexpr,
 ):
     i_v, i_b, i_b64, i_hv, i_h = _program(H, HV)
+    h0, pu, pk, pg, ppar, pacc = _bases(i_b, i_b64, h0, pu, pk, pg, ppar, pacc, state_idx, stride_hb, stride_pu,
+                                        stride_pk, stride_pg, stride_ppb, HAS_STATE_INDICES)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -255,9 +267,9 @@ def tree_verify_fma_kernel(
     n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
     m_t = o_t < n_b
 
-    a, on, rows, b_C, b_uw, b_rpk = _pending(i_b, i_b64, i_hv, i_h, o_v, m_v, pu, pk, pg, ppar, pacc, stride_ppb, PT,
+    a, on, rows, b_C, b_uw, b_rpk = _pending(0, 0, i_hv, i_h, o_v, m_v, pu, pk, pg, ppar, pacc, stride_ppb, PT,
                                              H, HV, K, V, BK, BPT, HAS_PENDING, PENDING_L2NORM)
-    b_h = _state_tile(h0, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pk, a, on, rows, b_C, b_uw, b_rpk,
+    b_h = _state_tile(h0, 0, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pk, a, on, rows, b_C, b_uw, b_rpk,
                       H, K, V, BPT, HAS_PENDING, DOT_PRECISION)
     m_anc, b_G, _ = _ancestors(parents, g, i_b64, i_hv, o_t, m_t, stride_pb, T, HV)
 
@@ -383,14 +395,14 @@ def _chain_configs():
 
 @triton.autotune(configs=_chain_configs(), key=_KEY, restore_value=["h0"],
                  prune_configs_by=None if INTERPRET else {"early_config_prune": _prune_ki}, **_AUTOTUNE_EXTRA)
-@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb"])
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb", "stride_pu", "stride_pk", "stride_pg"])
 def tree_verify_chain_kernel(
-    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
-    stride_pb, stride_hb, stride_ppb, scale,
+    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc, state_idx,
+    stride_pb, stride_hb, stride_ppb, stride_pu, stride_pk, stride_pg, scale,
     B, T, PT, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr,
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr,
-    PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, KI: tl.constexpr,
+    PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_STATE_INDICES: tl.constexpr, KI: tl.constexpr,
 ):
     """Chains only (parents[t] = t - 1, not read): the recurrence node by node on the state tile in
     registers, as fla's fused_recurrent does, writing o_t and u_t = beta_t (v_t - exp(g_t) S_{t-1} k_t)
@@ -398,12 +410,14 @@ def tree_verify_chain_kernel(
     across the warp's lanes (fla's layout), smaller KI a row over KI / 4 lanes with the K / KI chunks in
     registers (fewer shuffles per reduction, more registers); the autotuner picks."""
     i_v, i_b, i_b64, i_hv, i_h = _program(H, HV)
+    h0, pu, pk, pg, ppar, pacc = _bases(i_b, i_b64, h0, pu, pk, pg, ppar, pacc, state_idx, stride_hb, stride_pu,
+                                        stride_pk, stride_pg, stride_ppb, HAS_STATE_INDICES)
     KC: tl.constexpr = BK // KI
     o_v = i_v * BV + tl.arange(0, BV)
     o_k = tl.arange(0, KC)[:, None] * KI + tl.arange(0, KI)[None, :]
     m_v, m_k = o_v < V, o_k < K
     n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
-    b_h = _state_tile_3d(h0, i_b, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pu, pk, pg, ppar, pacc,
+    b_h = _state_tile_3d(h0, 0, 0, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pu, pk, pg, ppar, pacc,
                          stride_ppb, PT, H, HV, K, V, BPT, HAS_PENDING, PENDING_L2NORM)
     for t in range(0, T):
         row = i_b64 * T + t
@@ -426,23 +440,25 @@ def tree_verify_chain_kernel(
 
 @triton.autotune(configs=_dot_configs(), key=_KEY, restore_value=["h0"],
                  prune_configs_by=None if INTERPRET else {"early_config_prune": _prune_dot}, **_AUTOTUNE_EXTRA)
-@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb"])
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb", "stride_pu", "stride_pk", "stride_pg"])
 def tree_verify_dot_kernel(
-    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
-    stride_pb, stride_hb, stride_ppb, scale,
+    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc, state_idx,
+    stride_pb, stride_hb, stride_ppb, stride_pu, stride_pk, stride_pg, scale,
     B, T, PT, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr,
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr,
-    PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_STATE_INDICES: tl.constexpr,
 ):
     i_v, i_b, i_b64, i_hv, i_h = _program(H, HV)
+    h0, pu, pk, pg, ppar, pacc = _bases(i_b, i_b64, h0, pu, pk, pg, ppar, pacc, state_idx, stride_hb, stride_pu,
+                                        stride_pk, stride_pg, stride_ppb, HAS_STATE_INDICES)
     o_t = tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
     m_t = o_t < n_b
 
-    a, on, rows, b_C, b_uw, b_rpk = _pending(i_b, i_b64, i_hv, i_h, o_v, m_v, pu, pk, pg, ppar, pacc, stride_ppb, PT,
+    a, on, rows, b_C, b_uw, b_rpk = _pending(0, 0, i_hv, i_h, o_v, m_v, pu, pk, pg, ppar, pacc, stride_ppb, PT,
                                              H, HV, K, V, BK, BPT, HAS_PENDING, PENDING_L2NORM)
     m_anc, b_G, n_depth = _ancestors(parents, g, i_b64, i_hv, o_t, m_t, stride_pb, T, HV)
 
@@ -458,7 +474,7 @@ def tree_verify_dot_kernel(
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_h = _state_tile(h0, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pk, a, on, rows, b_C, b_uw, b_rpk,
+        b_h = _state_tile(h0, 0, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pk, a, on, rows, b_C, b_uw, b_rpk,
                           H, K, V, BPT, HAS_PENDING, DOT_PRECISION)
         m_tk = m_t[:, None] & m_k[None, :]
         b_k = tl.load(k + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
@@ -498,19 +514,21 @@ def tree_verify_dot_kernel(
 
 @triton.autotune(configs=_dot_configs(), key=_KEY, restore_value=["h0"],
                  prune_configs_by=None if INTERPRET else {"early_config_prune": _prune_dot}, **_AUTOTUNE_EXTRA)
-@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb"])
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb", "stride_pu", "stride_pk", "stride_pg"])
 def tree_verify_dot_head_kernel(
-    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc,
-    stride_pb, stride_hb, stride_ppb, scale,
+    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc, state_idx,
+    stride_pb, stride_hb, stride_ppb, stride_pu, stride_pk, stride_pg, scale,
     B, T, PT, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr,
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr,
-    PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_STATE_INDICES: tl.constexpr,
 ):
     """The dot kernel with one program per (request, value head): the V-independent work (ancestors,
     K K^T, Q K^T and (I + M)^-1 by the Neumann series) is done once, then the value tiles stream
     through, U = (I + M)^-1 R taking one product per tile. Grid (1, B * HV)."""
     _, i_b, i_b64, i_hv, i_h = _program(H, HV)
+    h0, pu, pk, pg, ppar, pacc = _bases(i_b, i_b64, h0, pu, pk, pg, ppar, pacc, state_idx, stride_hb, stride_pu,
+                                        stride_pk, stride_pg, stride_ppb, HAS_STATE_INDICES)
     o_t = tl.arange(0, BT)
     n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
     m_t = o_t < n_b
@@ -548,14 +566,14 @@ def tree_verify_dot_head_kernel(
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
-        a, on, rows, b_C, b_uw, b_rpk = _pending(i_b, i_b64, i_hv, i_h, o_v, m_v, pu, pk, pg, ppar, pacc, stride_ppb,
+        a, on, rows, b_C, b_uw, b_rpk = _pending(0, 0, i_hv, i_h, o_v, m_v, pu, pk, pg, ppar, pacc, stride_ppb,
                                                  PT, H, HV, K, V, BK, BPT, HAS_PENDING, PENDING_L2NORM)
         b_hk = tl.zeros([BT, BV], dtype=tl.float32)
         b_hq = tl.zeros([BT, BV], dtype=tl.float32)
         for i_k in range(0, tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
-            b_h = _state_tile(h0, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pk, a, on, rows, b_C, b_uw,
+            b_h = _state_tile(h0, 0, i_hv, i_h, o_v, m_v, o_k, m_k, stride_hb, pk, a, on, rows, b_C, b_uw,
                               b_rpk, H, K, V, BPT, HAS_PENDING, DOT_PRECISION)
             m_tk = m_t[:, None] & m_k[None, :]
             b_k = tl.load(k + p_qk_row[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
@@ -593,11 +611,15 @@ def default_kernel(T: int, B: int, HV: int, chain: bool = False) -> str:
 
 
 def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, use_qk_l2norm_in_kernel=False,
-                    num_nodes=None, dot_precision=None, pending=None, kernel=None, config=None, chain=False):
+                    num_nodes=None, dot_precision=None, pending=None, kernel=None, config=None, chain=False,
+                    state_indices=None):
     """Launcher: inputs already validated; parents int32 on the inputs' device. Returns (o, u fp32).
 
     ``pending``: a PendingCommit whose parents and accepted are int32 device tensors (validated), or
-    None; ``initial_state`` is then updated in place. ``kernel``: "fma" or "dot" to override the
+    None; ``initial_state`` is then updated in place. ``state_indices``: None (request b's state is
+    ``initial_state[b]``, its pending u / k / g row b) or int32 [B] on the device: ``initial_state`` and
+    the pending u / k / g are pools of slots (any slot stride, each slot contiguous) and request b's
+    live in slot ``state_indices[b]`` (a serving engine's state pool; slots must be distinct). ``kernel``: "fma" or "dot" to override the
     choice by window size, "dot_head" (one program per request and value head, the V-independent
     work done once), or "chain" for windows known to be chains (parents[t] = t - 1, not checked
     here: ``tree_verify`` checks it). ``config``: a ``triton.Config`` of that kernel to launch instead
@@ -618,9 +640,10 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
         PT = pu.shape[1]
         stride_ppb = 0 if ppar.ndim == 1 else PT
         pl2 = pending.use_qk_l2norm_in_kernel
+        pending_strides = (pu.stride(0), pk.stride(0), pg.stride(0))
     else:
         pu = pk = pg = ppar = pacc = u
-        PT, stride_ppb, pl2 = 1, 0, False
+        PT, stride_ppb, pl2, pending_strides = 1, 0, False, (0, 0, 0)
     fn = KERNEL_FNS[kernel]
 
     def grid(meta):
@@ -629,12 +652,14 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     launch, tuned = (fn, {}) if config is None else (fn.fn, dict(config.all_kwargs()))
     launch[grid](
         q, k, v, g, beta, initial_state, parents, num_nodes if num_nodes is not None else parents, o, u,
-        pu, pk, pg, ppar, pacc, stride_pb, initial_state.stride(0), stride_ppb, scale,
+        pu, pk, pg, ppar, pacc, u if state_indices is None else state_indices,
+        stride_pb, initial_state.stride(0), stride_ppb, *pending_strides, scale,
         B=B, T=T, PT=PT, H=H, HV=HV, K=K, V=V, BT=BT,
         **({} if kernel.startswith("dot") else {"BK": triton.next_power_of_2(K)}),  # dot kernels tune BK
         BPT=triton.next_power_of_2(max(PT, 2)),
         USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, HAS_NUM_NODES=num_nodes is not None,
         HAS_PENDING=pending is not None, PENDING_L2NORM=pl2, DOT_PRECISION=dot_precision or DEFAULT_DOT_PRECISION,
+        HAS_STATE_INDICES=state_indices is not None,
         **tuned,
     )
     return o, u

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from treewy.serve.presets import ServePreset
+from treewy.serve.vllm_adapter import SERVE_REQUIREMENT, release_line, unsupported_message
 from treewy.tree import STATE_MODES
 
 #: The plugin's entry-point name (pyproject: [project.entry-points."vllm.general_plugins"] treewy).
 PLUGIN_NAME = "treewy"
-VLLM_VERSION = "0.33.0"
 
 
 class ServeError(RuntimeError):
@@ -93,8 +93,6 @@ def build_command(opts: ServeOptions) -> tuple[list[str], dict[str, str]]:
         argv += ["--served-model-name", opts.served_model_name]
     env = {"TREEWY_MODE": opts.mode}
     if opts.mode == "reconstruct":
-        # the plugin's verify path syncs with the host: keep it out of full CUDA graphs
-        argv += ["--compilation-config", json.dumps({"cudagraph_mode": "PIECEWISE"})]
         env["VLLM_PLUGINS"] = PLUGIN_NAME
     argv += list(opts.extra_args)
     return argv, env
@@ -116,11 +114,19 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def check_vllm_installed(exe: str = "vllm") -> str:
+    """The path of the ``vllm`` executable; ServeError if there is none or its version is unsupported."""
     path = shutil.which(exe)
     if path is None:
         raise ServeError(f"vLLM is not installed: no '{exe}' executable on PATH. On a CUDA machine run "
-                         f"`pip install 'treewy[serve]'` (vllm=={VLLM_VERSION}); CPU-only machines cannot "
+                         f"`pip install 'treewy[serve]'` ({SERVE_REQUIREMENT}); CPU-only machines cannot "
                          "run it (use --dry-run to see the command)")
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ServeError(f"'{exe} --version' failed ({e})") from None
+    version = (out.stdout.strip().splitlines() or ["(unknown)"])[-1].strip()
+    if out.returncode != 0 or release_line(version) is None:
+        raise ServeError(unsupported_message(version))
     return path
 
 

@@ -1,34 +1,33 @@
-"""The reconstruct commit as pure functions of tensors: what the vLLM plugin computes, testable on CPU.
+"""The reconstruct commit inside a serving engine's state pool: what the vLLM plugin runs, testable on CPU.
 
-A request owns ONE pool slot per GDN layer (store-all owns 1 + N). The slot holds the state
-committed before the previous verify window, and a small stash of that window's pseudo-values
-u, keys k and log decays g (the pending commit). The next verify step reads the accepted count,
-folds the pending commit into the committed state (``naive_tree_commit``: the accepted node's
-state), verifies the new window from it (``naive_tree_verify``), writes the folded state back and
-stashes the new window's u / k / g. The state is read once and written once per step.
+A request owns ONE pool slot per GDN layer (store-all owns 1 + k for a chain of k drafts). The slot
+holds the state committed before the previous verify window and that window's stash: its
+pseudo-values u, keys k, log decays g and length (a ``treewy.ops.PendingCommit`` kept in the pool).
+A spec step is ONE kernel launch per layer: ``tree_verify_fwd(..., pending=, state_indices=)`` reads
+each request's slot, folds the pending commit into the state in registers (the accepted node is
+``num_accepted - 1``), writes the state back once and verifies the new window from it; then the new
+window's u / k / g / length replace the stash (small copies, T x V per head). No host sync: the step
+runs inside CUDA graphs.
 
-The conv1d in front of the layer works the same way: the slot keeps the last W - 1 committed conv
-inputs plus the pending window's conv inputs; the fold is a gather along the accepted path.
-
-Pools (per GDN layer; slots are vLLM block ids, slot 0 is the NULL block and is never touched):
+Pools (per GDN layer; slots are the engine's block ids; slot 0 is vLLM's NULL block, used by padding
+rows, whose state is read but never written):
 
     state   [slots, HV, V, K]       committed recurrent state (fp32 for Qwen3.5)
-    conv    [slots, C, W - 1]       committed conv inputs, oldest first
-    conv_x  [slots, Tmax, C]        the pending window's conv inputs
-    u       [slots, Tmax, HV, V]    the pending window's pseudo-values (fp32)
-    k       [slots, Tmax, H, K]     its keys (after l2norm)
-    g       [slots, Tmax, HV]       its log decays
-    meta    [slots, Tmax + 1] int32 meta[:, 0] = pending window length (0: nothing pending),
-                                    meta[:, 1:] = its parent array
+    u       [slots, T, HV, V] fp32  the pending window's pseudo-values
+    k       [slots, T, H, K]  fp32  its raw keys (normalized in the kernel, as vLLM's kernels do)
+    g       [slots, T, HV]    fp32  its log decays
+    meta    [slots, 1]        int32 its length; 0 = nothing pending
 
-Per step, per request row b: ``block_idx[b]`` (<= 0: a padding row, skipped, output zero) and
-``accepted[b]``, the node of the PENDING window that was accepted (for vLLM's chains:
-``num_accepted_tokens - 1``; ignored when nothing is pending). Call order per step:
-``conv_spec_step`` (reads the pending metadata), then ``gdn_spec_step`` (replaces it). After a
-prefill wrote a slot's state directly, call ``reset_slots``.
+Each tensor may be a strided view of a per-slot page (vLLM's layout: slot stride = page size), as
+long as each slot's part is contiguous.
 
-``store_all_step`` is the twin the tests compare against: vLLM's store-all semantics (1 + N
-slots per request, every node's state written, the next step reading the accepted snapshot).
+Windows arrive packed (varlen): tokens of request b are ``cu_seqlens[b]:cu_seqlens[b + 1]``; a
+request may carry fewer than T tokens (fewer drafts). They are gathered to [B, T] and back with
+fixed-size index tensors.
+
+The conv1d in front of the layer is not here: vLLM's conv state already keeps a sliding window of
+the last W - 1 + k inputs in one block and reads it at the accepted offset, so the plugin keeps
+vLLM's conv path as it is.
 """
 
 from __future__ import annotations
@@ -37,11 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from treewy.ops.naive import naive_tree_commit, naive_tree_recurrent, naive_tree_verify
-from treewy.ops.naive_conv import naive_tree_conv1d, naive_tree_conv1d_commit
-from treewy.tree import validate_parents
-
-BACKENDS = ("naive", "kernels", "auto")
+from treewy.ops.pending import PendingCommit, flush_pending
 
 
 @dataclass
@@ -49,243 +44,131 @@ class ReconstructPools:
     """The per-layer pools of the reconstruct mode (shapes in the module docstring)."""
 
     state: torch.Tensor
-    conv: torch.Tensor
-    conv_x: torch.Tensor
     u: torch.Tensor
     k: torch.Tensor
     g: torch.Tensor
     meta: torch.Tensor
 
     @classmethod
-    def empty(cls, slots: int, *, H: int, HV: int, K: int, V: int, C: int, W: int, max_nodes: int,
-              state_dtype=torch.float32, conv_dtype=torch.float32, stash_dtype=torch.float32,
-              device="cpu") -> ReconstructPools:
-        z = dict(device=device)
-        return cls(
-            state=torch.zeros(slots, HV, V, K, dtype=state_dtype, **z),
-            conv=torch.zeros(slots, C, W - 1, dtype=conv_dtype, **z),
-            conv_x=torch.zeros(slots, max_nodes, C, dtype=conv_dtype, **z),
-            u=torch.zeros(slots, max_nodes, HV, V, dtype=stash_dtype, **z),
-            k=torch.zeros(slots, max_nodes, H, K, dtype=stash_dtype, **z),
-            g=torch.zeros(slots, max_nodes, HV, dtype=stash_dtype, **z),
-            meta=torch.zeros(slots, max_nodes + 1, dtype=torch.int32, **z),
-        )
+    def empty(cls, slots: int, *, H: int, HV: int, K: int, V: int, max_nodes: int,
+              state_dtype=torch.float32, device="cpu") -> ReconstructPools:
+        shapes, dtypes = stash_layout(H=H, HV=HV, K=K, V=V, max_nodes=max_nodes)
+        stash = [torch.zeros(slots, *s, dtype=d, device=device) for s, d in zip(shapes, dtypes)]
+        return cls(torch.zeros(slots, HV, V, K, dtype=state_dtype, device=device), *stash)
 
     @property
     def max_nodes(self) -> int:
         return self.u.shape[1]
 
 
-def stash_shapes(*, H: int, HV: int, K: int, V: int, C: int, max_nodes: int) -> dict[str, tuple[int, ...]]:
-    """Per-slot shapes of the stash tensors (what the plugin appends to vLLM's Mamba page)."""
-    return {"conv_x": (max_nodes, C), "u": (max_nodes, HV, V), "k": (max_nodes, H, K),
-            "g": (max_nodes, HV), "meta": (max_nodes + 1,)}
+def stash_layout(*, H: int, HV: int, K: int, V: int, max_nodes: int):
+    """(shapes, dtypes) per slot of the stash tensors u, k, g, meta: what the plugin appends to vLLM's page."""
+    T = max_nodes
+    return ((T, HV, V), (T, H, K), (T, HV), (1,)), (torch.float32, torch.float32, torch.float32, torch.int32)
 
 
-def _resolve_backend(backend: str, device: torch.device):
-    if backend not in BACKENDS:
-        raise ValueError(f"backend = {backend!r}: expected one of {BACKENDS}")
-    if backend == "naive" or (backend == "auto" and device.type != "cuda"):
-        return naive_tree_verify, naive_tree_commit
-    import treewy.ops as ops
-
-    verify, commit = getattr(ops, "tree_verify", None), getattr(ops, "tree_commit", None)
-    if verify is None or commit is None:
-        if backend == "auto":
-            return naive_tree_verify, naive_tree_commit
-        raise ValueError("backend = 'kernels' needs treewy.ops.tree_verify and treewy.ops.tree_commit; "
-                         "this checkout lacks one of them: use backend='naive'")
-    return verify, commit
+def chain_parents(T: int, device) -> torch.Tensor:
+    """int32 [T]: the chain -1, 0, ..., T - 2 (made on the device: legal inside CUDA-graph capture)."""
+    return torch.arange(-1, T - 1, device=device, dtype=torch.int32)
 
 
-def _check_rows(block_idx, accepted, B: int, pools: ReconstructPools):
-    block_idx = torch.as_tensor(block_idx, device=pools.state.device).long()
-    accepted = torch.as_tensor(accepted, device=pools.state.device).long()
-    if tuple(block_idx.shape) != (B,):
-        raise ValueError(f"block_idx has shape {tuple(block_idx.shape)}, expected [B] = [{B}] (one slot per row)")
-    if accepted.ndim == 0:
-        accepted = accepted.expand(B)
-    if tuple(accepted.shape) != (B,):
-        raise ValueError(f"accepted has shape {tuple(accepted.shape)}, expected [B] = [{B}]")
-    valid = block_idx > 0
-    slots = block_idx[valid]
-    if slots.numel() and int(slots.max()) >= pools.state.shape[0]:
-        raise ValueError(f"block_idx holds slot {int(slots.max())}, but the pools have {pools.state.shape[0]} slots")
-    if slots.unique().numel() != slots.numel():
-        raise ValueError("block_idx names one slot for two rows; every request owns its own slot")
-    return valid, slots, accepted[valid]
+def pack_index(cu_seqlens: torch.Tensor, B: int, T: int):
+    """Gather / scatter indices between packed tokens and [B, T] windows.
+
+    Returns (src [B, T] int64: the packed token of each window slot, 0 past the row's length;
+    live [B, T] bool; lens [B] int32)."""
+    cu = cu_seqlens[: B + 1].long()
+    lens = cu[1:] - cu[:-1]
+    t = torch.arange(T, device=cu.device)
+    live = t[None] < lens[:, None]
+    src = torch.where(live, cu[:-1, None] + t[None], torch.zeros_like(live, dtype=torch.long))
+    return src, live, lens.to(torch.int32)
 
 
-def _parents_rows(parents, B: int, T: int, device) -> torch.Tensor:
-    par = validate_parents(parents)
-    if par.ndim == 1:
-        par = par.expand(B, -1)
-    if tuple(par.shape) != (B, T):
-        raise ValueError(f"parents describe trees of {par.shape[-1]} nodes for {par.shape[0]} rows, "
-                         f"but the inputs have B = {B}, T = {T}")
-    return par.to(device)
+def unpack_index(cu_seqlens: torch.Tensor, B: int, N: int):
+    """(row, col) [N] int64: the window slot of each of N packed tokens (no host sync)."""
+    cu = cu_seqlens[: B + 1].long()
+    j = torch.arange(N, device=cu.device)
+    row = torch.searchsorted(cu[1:], j, right=True).clamp(max=B - 1)
+    return row, j - cu[row]
 
 
-def _pending(pools: ReconstructPools, slots: torch.Tensor, acc: torch.Tensor):
-    """(has [n] bool, length, parents [n, Tp], accepted [n]) of the pending windows, Tp = longest."""
-    meta = pools.meta[slots].long()                                 # [n, Tmax + 1]
-    length = meta[:, 0]
-    has = length > 0
-    Tp = int(length.max()) if slots.numel() else 0
-    par = meta[:, 1:1 + max(Tp, 1)].clone()
-    # rows whose pending window is shorter than Tp: pad with nodes hanging off the root (never on a path)
-    col = torch.arange(par.shape[1], device=par.device)
-    par = torch.where(col[None] < length[:, None].clamp(min=1), par, torch.zeros_like(par))
-    par[:, 0] = -1
-    if bool((has & ((acc < 0) | (acc >= length))).any()):
-        bad = torch.nonzero(has & ((acc < 0) | (acc >= length)))[0, 0]
-        raise ValueError(f"accepted = {int(acc[bad])} for slot {int(slots[bad])}, but its pending window "
-                         f"has {int(length[bad])} nodes; vLLM passes num_accepted_tokens - 1 (>= 0)")
-    return has, Tp, par, acc.clamp(min=0, max=max(Tp - 1, 0))
+def _windows(x: torch.Tensor, src: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """[N, ...] packed tokens -> contiguous [B, T, ...], zeros past each row's length."""
+    out = x[src]
+    return out * live.reshape(*live.shape, *([1] * (x.dim() - 1))).to(out.dtype)
 
 
-def _folded_state(pools, slots, acc, commit_fn):
-    """[n, HV, V, K]: the committed state with the pending window's accepted node folded in."""
-    S = pools.state[slots]
-    has, Tp, par, a = _pending(pools, slots, acc)
-    if not bool(has.any()):
-        return S
-    i = torch.nonzero(has).flatten()
-    u, k, g = pools.u[slots[i], :Tp], pools.k[slots[i], :Tp], pools.g[slots[i], :Tp]
-    dt = u.dtype
-    Sa = commit_fn(S[i].to(dt), u, k.to(dt), g.to(dt), par[i], a[i])
-    S = S.clone()
-    S[i] = Sa.to(S.dtype)
-    return S
+def spec_step(pools: ReconstructPools, slots: torch.Tensor, num_accepted: torch.Tensor, q, k, v, g, beta,
+              cu_seqlens: torch.Tensor, *, scale: float | None = None, use_qk_l2norm_in_kernel: bool = True,
+              config=None) -> torch.Tensor:
+    """o [N, HV, V]: TreeWY verify of every request's chain window, the pending commit folded in.
+
+    slots int [B] (<= 0: a padding row); num_accepted int [B]: the previous window's accepted count
+    (vLLM's ``num_accepted_tokens``; ignored where nothing is pending); q, k [N, H, K] and v
+    [N, HV, V] packed by ``cu_seqlens`` [B + 1]; g (log decay), beta [N, HV]. ``config``: a
+    ``triton.Config`` of the chain kernel to launch without autotuning (an engine's pool is too
+    large to benchmark configs on; see ``chain_config``).
+    """
+    from treewy.ops.tree_verify import tree_verify_fwd
+
+    B, T, N = slots.shape[0], pools.max_nodes, q.shape[0]
+    src, live, lens = pack_index(cu_seqlens, B, T)
+    slot = slots.long().clamp(min=0)
+    real = slots > 0
+    pending_len = pools.meta[slot, 0]
+    accepted = torch.where(real & (pending_len > 0), num_accepted[:B].long() - 1, -1).to(torch.int32)
+    parents = chain_parents(T, q.device)
+    qw, kw, vw = (_windows(x, src, live) for x in (q, k, v))
+    gw, bw = _windows(g.float(), src, live), _windows(beta.float(), src, live)
+    pend = PendingCommit(pools.u, pools.k, pools.g, parents, accepted, use_qk_l2norm_in_kernel)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    o, u = tree_verify_fwd(qw, kw, vw, gw, bw, pools.state, parents, 0, scale, use_qk_l2norm_in_kernel,
+                           num_nodes=lens, pending=pend, kernel="chain", config=config, chain=True,
+                           state_indices=slot.to(torch.int32))
+    pools.u[slot] = u
+    pools.k[slot] = kw.to(pools.k.dtype)
+    pools.g[slot] = gw
+    pools.meta[slot, 0] = torch.where(real, lens, 0)
+    row, col = unpack_index(cu_seqlens, B, N)
+    return o[row, col]
 
 
-def _folded_conv(pools, slots, acc):
-    """[n, C, W - 1]: the committed conv inputs with the pending window's accepted path appended."""
-    hist = pools.conv[slots]
-    has, Tp, par, a = _pending(pools, slots, acc)
-    if not bool(has.any()):
-        return hist
-    i = torch.nonzero(has).flatten()
-    x = pools.conv_x[slots[i], :Tp]
-    hist = hist.clone()
-    hist[i] = naive_tree_conv1d_commit(x, hist[i].to(x.dtype), par[i], a[i]).to(hist.dtype)
-    return hist
+def flush_slots(pools: ReconstructPools, slots: torch.Tensor, accepted: int = 0) -> None:
+    """Commit the pending window of these slots now (node ``accepted``), leaving nothing pending.
 
-
-def reset_slots(pools: ReconstructPools, slots) -> None:
-    """Forget the pending window of these slots (after a prefill wrote their state directly)."""
-    s = torch.as_tensor(slots, device=pools.meta.device).long()
+    For rows that leave the spec path with a pending window (vLLM runs them through its prefill or
+    plain-decode kernels, which read the slot's state directly). Eager only: it syncs with the host.
+    """
+    s = slots.long()
     s = s[s > 0]
+    s = s[pools.meta[s, 0] > 0]
+    if s.numel() == 0:
+        return
+    T = pools.max_nodes
+    acc = torch.full((s.numel(),), accepted, dtype=torch.int32, device=s.device)
+    state = pools.state[s]
+    flush_pending(state, PendingCommit(pools.u[s], pools.k[s], pools.g[s], chain_parents(T, s.device), acc,
+                                       use_qk_l2norm_in_kernel=True))
+    pools.state[s] = state
     pools.meta[s, 0] = 0
 
 
-def fold_pending(pools: ReconstructPools, block_idx, accepted, backend: str = "naive") -> None:
-    """Commit the pending window of every listed slot in place (state and conv), leaving nothing pending.
-
-    The spec path never needs this (the fold happens inside the next verify); a caller that is
-    about to read a slot's state by other means (a plain-decode kernel, a test) does.
-    """
-    B = torch.as_tensor(block_idx).numel()
-    valid, slots, acc = _check_rows(block_idx, accepted, B, pools)
-    if slots.numel() == 0:
-        return
-    _, commit_fn = _resolve_backend(backend, pools.state.device)
-    S = _folded_state(pools, slots, acc, commit_fn)
-    hist = _folded_conv(pools, slots, acc)
-    pools.state[slots] = S
-    pools.conv[slots] = hist
-    pools.meta[slots, 0] = 0
+def reset_slots(pools: ReconstructPools, slots: torch.Tensor) -> None:
+    """Forget the pending window of these slots (a prefill wrote their state from scratch)."""
+    s = slots.long()
+    pools.meta[s[s > 0], 0] = 0
 
 
-def conv_spec_step(pools: ReconstructPools, block_idx, accepted, x, weight, parents, bias=None,
-                   activation="silu") -> torch.Tensor:
-    """y [B, T, C]: the tree conv of the window x [B, T, C] (raw conv inputs) of every row.
+def chain_config(K: int, V: int):
+    """The chain kernel's launch config measured fastest at Qwen3.5's shapes (H200, 2026-11-29:
+    BV = 8, KI = 128, one warp, 3 stages; benchmarks/results/profile_configs_v3b_chain_h200_2026-11-29.log),
+    narrowed to small heads; the interpreter's single config on a CPU."""
+    import triton
 
-    Folds the pending window's accepted path into the committed conv inputs, writes them back,
-    and stashes x as the new pending conv inputs. The pending metadata (length, parents) is left
-    for ``gdn_spec_step`` to read and replace.
-    """
-    if x.ndim != 3:
-        raise ValueError(f"x has shape {tuple(x.shape)}, expected [B, T, C]")
-    B, T, C = x.shape
-    if T > pools.max_nodes:
-        raise ValueError(f"the window has T = {T} nodes but the stash holds {pools.max_nodes}; "
-                         "size the pools for 1 + num_speculative_tokens nodes")
-    valid, slots, acc = _check_rows(block_idx, accepted, B, pools)
-    par = _parents_rows(parents, B, T, x.device)
-    y = x.new_zeros(B, T, C)
-    if slots.numel() == 0:
-        return y
-    hist = _folded_conv(pools, slots, acc)                          # [n, C, W - 1]
-    xv = x[valid]
-    y[valid] = naive_tree_conv1d(xv, weight, hist.to(x.dtype), par[valid], bias=bias, activation=activation)
-    pools.conv[slots] = hist
-    pools.conv_x[slots, :T] = xv.to(pools.conv_x.dtype)
-    return y
+    from treewy.ops._triton import INTERPRET
 
-
-def gdn_spec_step(pools: ReconstructPools, block_idx, accepted, q, k, v, g, beta, parents, scale=None,
-                  backend: str = "naive") -> torch.Tensor:
-    """o [B, T, HV, V]: TreeWY verify of every row's window with the pending commit folded in.
-
-    q, k [B, T, H, K] (after l2norm); v [B, T, HV, V]; g, beta [B, T, HV]; parents [T] or [B, T].
-    Writes the folded state into the row's slot and stashes the window's u, k, g and parents.
-    Padding rows (block_idx <= 0) get zero outputs and touch no slot.
-    """
-    B, T = q.shape[:2]
-    if T > pools.max_nodes:
-        raise ValueError(f"the window has T = {T} nodes but the stash holds {pools.max_nodes}; "
-                         "size the pools for 1 + num_speculative_tokens nodes")
-    valid, slots, acc = _check_rows(block_idx, accepted, B, pools)
-    par = _parents_rows(parents, B, T, q.device)
-    HV, V = v.shape[2], v.shape[3]
-    o = q.new_zeros(B, T, HV, V)
-    if slots.numel() == 0:
-        return o
-    verify_fn, commit_fn = _resolve_backend(backend, q.device)
-    S0 = _folded_state(pools, slots, acc, commit_fn)                # [n, HV, V, K]
-    qv, kv, vv, gv, bv, pv = q[valid], k[valid], v[valid], g[valid], beta[valid], par[valid]
-    dt = pools.u.dtype if q.dtype != torch.float64 else torch.float64
-    o_v, u = verify_fn(qv.to(dt), kv.to(dt), vv.to(dt), gv.to(dt), bv.to(dt), S0.to(dt), pv, scale=scale)
-    o[valid] = o_v.to(o.dtype)
-    pools.state[slots] = S0.to(pools.state.dtype)
-    pools.u[slots, :T] = u.to(pools.u.dtype)
-    pools.k[slots, :T] = kv.to(pools.k.dtype)
-    pools.g[slots, :T] = gv.to(pools.g.dtype)
-    pools.meta[slots, 0] = T
-    pools.meta[slots, 1:T + 1] = pv.to(torch.int32)
-    return o
-
-
-def store_all_step(state_pool, conv_pool, state_indices, num_accepted, x, weight, make_qkvgb, parents,
-                   bias=None, activation="silu", scale=None):
-    """vLLM's store-all, for trees: the twin ``conv_spec_step`` + ``gdn_spec_step`` are compared to.
-
-    state_pool [slots, HV, V, K]; conv_pool [slots, C, W - 1] (a snapshot per node, like SGLang's
-    intermediate conv windows); state_indices [B, Tmax] (the request's 1 + N slots, column 0 <= 0
-    marks a padding row); num_accepted [B]: the previous window's accepted node + 1 (its
-    snapshot is in column num_accepted - 1). x [B, T, C] raw conv inputs; make_qkvgb(y) maps the
-    conv output to (q, k, v, g, beta). Writes every node's state and conv window to its column.
-    Returns (y [B, T, C], o [B, T, HV, V]).
-    """
-    B, T, C = x.shape
-    par = _parents_rows(parents, B, T, x.device)
-    idx = torch.as_tensor(state_indices, device=x.device).long()
-    valid = idx[:, 0] > 0
-    rows = torch.nonzero(valid).flatten()
-    src = idx[rows, torch.as_tensor(num_accepted, device=x.device).long()[rows] - 1]
-    y = x.new_zeros(B, T, C)
-    hist = conv_pool[src]
-    y[rows] = naive_tree_conv1d(x[rows], weight, hist.to(x.dtype), par[rows], bias=bias, activation=activation)
-    for t in range(T):
-        conv_pool[idx[rows, t]] = naive_tree_conv1d_commit(x[rows], hist.to(x.dtype), par[rows],
-                                                           torch.full((rows.numel(),), t)).to(conv_pool.dtype)
-    q, k, v, g, beta = make_qkvgb(y)
-    o = q.new_zeros(B, T, v.shape[2], v.shape[3])
-    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    o_r, states = naive_tree_recurrent(q[rows].to(dt), k[rows].to(dt), v[rows].to(dt), g[rows].to(dt),
-                                       beta[rows].to(dt), state_pool[src].to(dt), par[rows], scale=scale)
-    o[rows] = o_r.to(o.dtype)
-    for t in range(T):
-        state_pool[idx[rows, t]] = states[:, t].to(state_pool.dtype)
-    return y, o
+    if INTERPRET:
+        return triton.Config({"BV": 8, "KI": 4}, num_warps=1)
+    return triton.Config({"BV": min(8, triton.next_power_of_2(V)), "KI": min(128, triton.next_power_of_2(K))},
+                         num_warps=1, num_stages=3)

@@ -23,6 +23,8 @@ class Name:
 
 
 GDN = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
+FLA = "vllm.third_party.flash_linear_attention.ops.fused_sigmoid_gating"
+MAMBA = "vllm.model_executor.layers.mamba.abstract"
 NAMES: tuple[Name, ...] = (
     Name("vllm.plugins", "DEFAULT_PLUGINS_GROUP", kind="attr"),
     Name("vllm.plugins", "load_general_plugins"),
@@ -31,37 +33,31 @@ NAMES: tuple[Name, ...] = (
     Name(GDN, "QwenGatedDeltaNetAttention", kind="class"),
     Name(GDN, "QwenGatedDeltaNetAttention.__init__", ("self", "config", "vllm_config", "prefix")),
     Name(GDN, "QwenGatedDeltaNetAttention._forward_core", ("self", "mixed_qkv", "b", "a", "core_attn_out")),
-    Name(GDN, "QwenGatedDeltaNetAttention.get_state_shape", ("self",)),
-    Name(GDN, "QwenGatedDeltaNetAttention.get_kv_cache_spec", ("self", "vllm_config")),
     Name(GDN, "QwenGatedDeltaNetAttention.rearrange_mixed_qkv", ("self", "mixed_qkv")),
     Name(GDN, "qwen_gdn_attention_core", ("qkv_or_qkvz", "b_or_ba", "a_or_z_out", "core_attn_out", "layer_name")),
-    Name("vllm.model_executor.layers.mamba.gdn.base", "GatedDeltaNetAttention.get_state_dtype", ("self",)),
-    Name("vllm.model_executor.layers.mamba.abstract", "MambaBase.bind_kv_cache", ("self", "kv_cache")),
-    Name("vllm.model_executor.layers.mamba.abstract", "MambaBase.get_kv_cache_spec", ("self", "vllm_config")),
-    Name("vllm.model_executor.layers.mamba.mamba_utils", "MambaStateShapeCalculator.gated_delta_net_state_shape",
-         ("cls", "tp_world_size", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "conv_kernel_size",
-          "num_spec")),
-    Name("vllm.model_executor.layers.mamba.mamba_utils", "MambaStateShapeCalculator._orient_conv_shape",
-         ("dim", "state_len")),
-    Name("vllm.model_executor.layers.mamba.mamba_utils", "MambaStateDtypeCalculator.gated_delta_net_state_dtype",
-         ("cls", "model_dtype", "mamba_cache_dtype", "mamba_ssm_cache_dtype")),
-    Name("vllm.model_executor.layers.mamba.mamba_utils", "is_conv_state_dim_first"),
+    # the spec-row kernel the plugin stands in for (called by keyword inside _forward_core)
+    Name(FLA, "fused_sigmoid_gating_delta_rule_update",
+         ("A_log", "a", "b", "dt_bias", "q", "k", "v", "initial_state", "cu_seqlens", "ssm_state_indices",
+          "num_accepted_tokens", "use_qk_l2norm_in_kernel")),
+    Name(MAMBA, "MambaBase.get_kv_cache_spec", ("self", "vllm_config")),
     Name("vllm.v1.kv_cache_interface", "MambaSpec.num_speculative_blocks", kind="field"),
     Name("vllm.v1.kv_cache_interface", "MambaSpec.shapes", kind="field"),
     Name("vllm.v1.kv_cache_interface", "MambaSpec.dtypes", kind="field"),
     Name("vllm.v1.attention.backends.gdn_attn", "GDNAttentionMetadata", kind="class"),
     *(Name("vllm.v1.attention.backends.gdn_attn", f"GDNAttentionMetadata.{f}", kind="field") for f in (
-        "num_prefills", "num_decodes", "num_spec_decodes", "num_spec_decode_tokens", "num_actual_tokens",
-        "spec_query_start_loc", "spec_state_indices_tensor", "non_spec_state_indices_tensor",
-        "spec_sequence_masks", "spec_sequence_masks_cpu", "spec_token_indx", "non_spec_token_indx",
-        "num_accepted_tokens")),
+        "num_prefills", "num_decodes", "non_spec_state_indices_tensor", "spec_state_indices_tensor",
+        "spec_query_start_loc", "num_accepted_tokens")),
     Name("vllm.forward_context", "get_forward_context"),
-    *(Name(m, f"{c}.{meth}", ("cls", "vllm_config")) for m, c in (
-        ("vllm.model_executor.models.qwen3_5", "Qwen3_5ForCausalLMBase"),
-        ("vllm.model_executor.models.qwen3_5", "Qwen3_5ForConditionalGeneration"),
-        ("vllm.model_executor.models.qwen3_next", "Qwen3NextForCausalLM"))
-      for meth in ("get_mamba_state_shape_from_config", "get_mamba_state_dtype_from_config")),
 )
+
+
+def names_for(line: str) -> tuple[Name, ...]:
+    """NAMES plus the model classes whose page-planning methods the plugin patches in release ``line``."""
+    from treewy.serve.vllm_adapter import MODEL_CLASSES
+
+    return NAMES + tuple(Name(m, f"{c}.{meth}", ("cls", "vllm_config")) for m, c in MODEL_CLASSES[line]
+                         for meth in ("get_mamba_state_shape_from_config", "get_mamba_state_dtype_from_config"))
+
 
 #: CLI flags the launcher and the sweep pass (checked in the source text of these files).
 FLAGS: dict[str, tuple[str, ...]] = {
@@ -93,8 +89,10 @@ def _check_params(name: Name, got: list[str]) -> str | None:
 
 
 def check_installed() -> list[str]:
+    from treewy.serve.vllm_adapter import check_version, installed_version
+
     problems = []
-    for n in NAMES:
+    for n in names_for(check_version(installed_version() or "(none)")):
         try:
             obj = importlib.import_module(n.module)
         except ImportError as e:
@@ -140,11 +138,11 @@ def _find(tree: ast.Module, parts: list[str]):
     return node
 
 
-def check_source(root: str | Path) -> list[str]:
-    """Check NAMES and FLAGS against vLLM's source tree (the folder holding ``vllm/``)."""
+def check_source(root: str | Path, line: str = "0.33") -> list[str]:
+    """Check ``names_for(line)`` and FLAGS against vLLM's source tree (the folder holding ``vllm/``)."""
     root = Path(root)
     problems = []
-    for n in NAMES:
+    for n in names_for(line):
         path = root / (n.module.replace(".", "/") + ".py")
         if not path.is_file():
             path = root / n.module.replace(".", "/") / "__init__.py"
