@@ -28,6 +28,8 @@ from treewy.serve.reconstruct import (
 from treewy.tree import DraftTree
 
 H, HV, K, V, T = 2, 4, 8, 6, 4
+#: The kernels run on the GPU where there is one, else under the Triton interpreter on the CPU.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def page_views(num_blocks: int, shapes, dtypes):
@@ -35,7 +37,7 @@ def page_views(num_blocks: int, shapes, dtypes):
     [num_blocks, *shape], slot stride = the page size, each tensor at its byte offset in the page."""
     sizes = [torch.Size(s).numel() * torch.empty(0, dtype=d).element_size() for s, d in zip(shapes, dtypes)]
     page = sum(sizes)
-    raw = torch.full((num_blocks * page,), 255, dtype=torch.uint8)     # NaN-like garbage in every field
+    raw = torch.full((num_blocks * page,), 255, dtype=torch.uint8, device=DEVICE)   # NaN garbage everywhere
     out, off = [], 0
     for shape, dtype, size in zip(shapes, dtypes, sizes):
         es = torch.empty(0, dtype=dtype).element_size()
@@ -57,6 +59,10 @@ def _pools(num_blocks):
 def _window(gen, L):
     r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     return r(L, H, K), r(L, H, K), r(L, HV, V), -torch.rand(L, HV, generator=gen) * 2, torch.rand(L, HV, generator=gen)
+
+
+def _dev(*xs):
+    return [x.to(DEVICE) for x in xs]
 
 
 def _store_all(state, w):
@@ -84,8 +90,8 @@ def test_reconstruct_pool_equals_store_all(seed):
         while free and len(live) < 5 and torch.rand(1, generator=gen) < 0.7:
             slot = free.pop(int(torch.randint(0, len(free), (1,), generator=gen)))
             S = torch.randn(HV, V, K, generator=gen) * 0.3
-            pools.state[slot] = S
-            reset_slots(pools, torch.tensor([slot]))
+            pools.state[slot] = S.to(DEVICE)
+            reset_slots(pools, torch.tensor([slot], device=DEVICE))
             live[next_id] = [slot, S.double(), None]
             next_id += 1
         if not live:
@@ -104,7 +110,7 @@ def test_reconstruct_pool_equals_store_all(seed):
         cu = torch.tensor([0] + list(torch.cumsum(torch.tensor(lens + [0] * pad), 0)), dtype=torch.int32)
         packed = [torch.cat([w[i] for w in windows]) for i in range(5)]
         acc_t = torch.tensor(num_acc + [1] * pad)
-        o = spec_step(pools, slots, acc_t, *packed, cu_seqlens=cu)
+        o = spec_step(pools, *_dev(slots, acc_t, *packed), cu_seqlens=cu.to(DEVICE)).cpu()
         refs = []
         for rid, w in zip(rids, windows):
             o_ref, states = _store_all(live[rid][1], w)
@@ -115,11 +121,11 @@ def test_reconstruct_pool_equals_store_all(seed):
         assert err < 1e-5, f"step {step}: outputs differ from store-all by {err:.2e}"
         assert torch.equal(pools.state[0].view(torch.int32), null_state.view(torch.int32)), "NULL block written"
     # a flush commits node 0 of the pending window, what store-all's column 0 holds
-    slots = torch.tensor([live[r][0] for r in live])
+    slots = torch.tensor([live[r][0] for r in live], device=DEVICE)
     flush_slots(pools, slots)
     for rid in live:
         slot, _, states = live[rid]
-        err = float((pools.state[slot].double() - states[0]).norm() / states[0].norm())
+        err = float((pools.state[slot].cpu().double() - states[0]).norm() / states[0].norm())
         assert err < 1e-5, f"flushed state of slot {slot} differs by {err:.2e}"
         assert int(pools.meta[slot, 0]) == 0
 

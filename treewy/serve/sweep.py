@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from treewy.schema import serving_frame
 from treewy.serve.launcher import ServeError, ServeOptions, VLLMServer, build_command, check_port_free
 from treewy.serve.metrics import MetricsScraper
 
@@ -213,6 +212,12 @@ class Sweep:
         self.write_table()
 
     def write_table(self):
+        """Rewrite the parquet table from the checkpoint; None where polars is not installed (a bare GPU
+        server): the rows stay in the JSONL checkpoint, and ``treewy.schema.serving_frame`` reads them later."""
+        try:
+            from treewy.schema import serving_frame
+        except ImportError:
+            return None
         frame = serving_frame([r["row"] for r in self.done.values()])
         tmp = self.cfg.out.with_suffix(".tmp.parquet")
         frame.write_parquet(tmp)

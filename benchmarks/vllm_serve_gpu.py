@@ -1,0 +1,284 @@
+"""TreeWY inside real vLLM (0.26.x) on one GPU: correctness on the tiny checkpoint, memory, serving curves, a fault.
+
+    PYTHONPATH=/tmp/site:. python benchmarks/vllm_serve_gpu.py tiny --out DIR        # points 3-5 on the tiny model
+    PYTHONPATH=/tmp/site:. python benchmarks/vllm_serve_gpu.py sweep --mode store_all --out DIR   # 35B dummy
+
+``tiny``: exports treewy/models/tiny to vLLM's layout, then for each mode (store_all = stock vLLM,
+reconstruct = the treewy plugin) starts ``vllm serve`` (MTP k = 3, temperature 0, CUDA graphs on) and
+sends the same held-out prompts at concurrency 1 and then 32 (prompt token ids in, token ids out); a
+third server per mode runs a pool of --preempt-blocks blocks (``--num-gpu-blocks-override``), small
+enough that requests are preempted. Per phase it records every output, the spec-decode counters
+(drafts, draft tokens, accepted, accepted per position) and preemptions from ``/metrics``, and vLLM's
+own KV-cache capacity lines from the log. Then ``treewy.decode.generate`` (MTP chain (1, 1, 1), the
+committed GPU kernels) writes the same prompts, and every output is compared. Writes tiny.json and
+the server logs.
+
+``sweep``: the 35B-A3B architecture with dummy weights (``treewy export-vllm --dummy``), one mode per
+call, ``treewy bench-serve`` over the given concurrencies and workloads, the tidy table and the
+server log; with --kill-at N the engine process is killed once after N finished points (the sweep
+must record the failed point and resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from treewy.serve.launcher import ServeOptions, VLLMServer, build_command  # noqa: E402
+from treewy.serve.metrics import parse_prometheus  # noqa: E402
+
+VLLM_026_ARGS = ["--language-model-only", "--gdn-prefill-backend", "triton"]
+ENV_026 = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+KV_LINES = (re.compile(r"GPU KV cache size: ([\d,]+) tokens"),
+            re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"),
+            re.compile(r"Available KV cache memory: ([\d.]+) GiB"))
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def counters(base_url: str) -> dict:
+    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as r:
+        s = parse_prometheus(r.read().decode())
+    tot = lambda n: sum(v for _, v in s.get(n, []))  # noqa: E731
+    per_pos = {}
+    for lab, v in s.get("vllm:spec_decode_num_accepted_tokens_per_pos_total", []):
+        per_pos[lab.get("position")] = per_pos.get(lab.get("position"), 0) + v
+    return {"drafts": tot("vllm:spec_decode_num_drafts_total"),
+            "draft_tokens": tot("vllm:spec_decode_num_draft_tokens_total"),
+            "accepted": tot("vllm:spec_decode_num_accepted_tokens_total"),
+            "preemptions": tot("vllm:num_preemptions_total"),
+            "accepted_per_pos": [per_pos[k] for k in sorted(per_pos, key=int)]}
+
+
+def delta(a: dict, b: dict) -> dict:
+    out = {k: b[k] - a[k] for k in ("drafts", "draft_tokens", "accepted", "preemptions")}
+    out["accepted_per_pos"] = [y - x for x, y in zip(a["accepted_per_pos"] or [0] * len(b["accepted_per_pos"]),
+                                                     b["accepted_per_pos"])]
+    return out
+
+
+def complete(base_url: str, model: str, prompt: list[int], max_tokens: int) -> list[int]:
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                       "ignore_eos": True, "return_token_ids": True}).encode()
+    req = urllib.request.Request(base_url + "/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())["choices"][0]["token_ids"]
+
+
+def kv_capacity(text: str) -> dict:
+    out = {}
+    if m := KV_LINES[0].search(text):
+        out["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
+    if m := KV_LINES[1].search(text):
+        out["max_concurrency_at_len"] = int(m.group(1).replace(",", ""))
+        out["max_concurrency"] = float(m.group(2))
+    if m := KV_LINES[2].search(text):
+        out["available_kv_gib"] = float(m.group(1))
+    return out
+
+
+def serve_phases(model_dir: str, mode: str, prompts, new_tokens: int, out: Path, tag: str, extra: list[str],
+                 concurrencies=(1, 32), gmu: float = 0.3, port: int = 8011) -> dict:
+    opts = ServeOptions(model=model_dir, mode=mode, gmu=gmu, num_speculative_tokens=3, max_num_seqs=64,
+                        port=port, max_model_len=2048, served_model_name="tiny", extra_args=VLLM_026_ARGS + extra)
+    argv, env = build_command(opts)
+    env = {**env, **ENV_026}
+    log_path = out / f"server_{tag}_{mode}.log"
+    res = {"mode": mode, "tag": tag, "argv": argv, "env": env, "phases": {}}
+    t0 = time.time()
+    with VLLMServer(argv, env, opts.base_url, log_path=str(log_path), echo=False) as srv:
+        srv.wait_healthy(timeout=900)
+        res["start_s"] = round(time.time() - t0, 1)
+        log(f"{tag} {mode}: healthy after {res['start_s']} s")
+        for c in concurrencies:
+            before, t1 = counters(opts.base_url), time.time()
+            with ThreadPoolExecutor(c) as ex:
+                outs = list(ex.map(lambda p: complete(opts.base_url, "tiny", p, new_tokens), prompts))
+            res["phases"][f"c{c}"] = {"outputs": outs, "seconds": round(time.time() - t1, 2),
+                                      "counters": delta(before, counters(opts.base_url))}
+            log(f"{tag} {mode} c{c}: {res['phases'][f'c{c}']['seconds']} s, {res['phases'][f'c{c}']['counters']}")
+    res.update(kv_capacity(log_path.read_text(errors="replace")))
+    return res
+
+
+def treewy_outputs(prompts, new_tokens: int) -> list[list[int]]:
+    import torch
+
+    from treewy.decode import generate
+    from treewy.models import load
+
+    model = load("tiny", dtype=torch.bfloat16, device="cuda")
+    res = generate(model, prompts, drafter="mtp", tree=(1, 1, 1), max_new_tokens=new_tokens)
+    return [list(map(int, t)) for t in res.tokens]
+
+
+def cmd_tiny(args) -> int:
+    from treewy.models.corpus import heldout_prompts
+    from treewy.serve.export import export_vllm
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = str(export_vllm(ROOT / "treewy/models/tiny", "/tmp/tiny-vllm", overwrite=True))
+    prompts = heldout_prompts(args.prompts, args.prompt_len, seed=0)
+    report = {"date": time.strftime("%Y-%m-%d"), "prompts": prompts, "new_tokens": args.new_tokens, "runs": []}
+    import torch
+    report["device"] = torch.cuda.get_device_name(0)
+    import vllm
+    report["vllm"] = vllm.__version__
+    for tag, extra, concs in (("graphs", [], (1, 32)),
+                              ("preempt", ["--num-gpu-blocks-override", str(args.preempt_blocks)], (32,))):
+        if tag not in args.stages:
+            continue
+        for mode in args.modes:
+            try:
+                report["runs"].append(serve_phases(model_dir, mode, prompts, args.new_tokens, out, tag, extra, concs))
+            except Exception as e:  # noqa: BLE001 - recorded, the other runs go on
+                report["runs"].append({"mode": mode, "tag": tag, "error": f"{type(e).__name__}: {e}"})
+                log(f"{tag} {mode} FAILED: {e}")
+            (out / "tiny.json").write_text(json.dumps(report))
+    t0 = time.time()
+    report["treewy_generate"] = treewy_outputs(prompts, args.new_tokens)
+    report["treewy_generate_s"] = round(time.time() - t0, 1)
+    report["verdict"] = compare(report)
+    (out / "tiny.json").write_text(json.dumps(report))
+    print(json.dumps(report["verdict"], indent=1))
+    return 0 if report["verdict"]["all_equal"] else 1
+
+
+def compare(report: dict) -> dict:
+    ref = report["treewy_generate"]
+    v = {"all_equal": True, "phases": []}
+    by = {}
+    for r in report["runs"]:
+        if "error" in r:
+            v["all_equal"] = False
+            v["phases"].append({"run": f"{r['tag']}/{r['mode']}", "error": r["error"]})
+            continue
+        for ph, d in r["phases"].items():
+            same = [a == b for a, b in zip(d["outputs"], ref)]
+            row = {"run": f"{r['tag']}/{r['mode']}/{ph}", "equal_to_treewy": sum(same), "of": len(ref),
+                   "counters": d["counters"], "kv": {k: r.get(k) for k in ("kv_cache_tokens", "max_concurrency")}}
+            v["phases"].append(row)
+            v["all_equal"] &= all(same)
+            by.setdefault((r["tag"], ph), {})[r["mode"]] = d
+    for (tag, ph), modes in by.items():
+        if len(modes) == 2:
+            a, b = modes["store_all"], modes["reconstruct"]
+            v["phases"].append({"run": f"{tag}/{ph} store_all vs reconstruct",
+                                "outputs_equal": sum(x == y for x, y in zip(a["outputs"], b["outputs"])),
+                                "counters_equal": a["counters"] == b["counters"]})
+    return v
+
+
+def kill_engine_after(checkpoint: Path, points: int, out: Path) -> None:
+    """Kill vLLM's engine-core process once, as soon as ``points`` points are in the sweep's checkpoint."""
+    import subprocess
+    import threading
+
+    def watch():
+        while not (checkpoint.is_file() and len(checkpoint.read_text().splitlines()) >= points):
+            time.sleep(0.5)
+        time.sleep(3)                                  # inside the next point's requests
+        r = subprocess.run(["pkill", "-9", "-f", "EngineCore"], capture_output=True, text=True)
+        (out / "fault.txt").write_text(f"{time.strftime('%H:%M:%S')} pkill -9 -f EngineCore after {points} "
+                                       f"finished point(s): exit {r.returncode}\n")
+        log(f"FAULT: killed the engine core after {points} point(s)")
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def run_sweep(cfg, out: Path, kill_at: int = 0) -> tuple[int, int]:
+    from treewy.serve.sweep import Sweep
+
+    os.environ.update(ENV_026)
+    if kill_at:
+        kill_engine_after(cfg.checkpoint, kill_at, out)
+    ran, bad = Sweep(cfg, log=log).run(progress=False)
+    log(f"sweep {cfg.modes}: {ran} points run, {bad} failed")
+    return ran, bad
+
+
+def cmd_fault(args) -> int:
+    """The tiny model through ``treewy bench-serve``'s sweep; the engine is killed once after the first point,
+    then the same sweep is resumed with retry_failed."""
+    from dataclasses import replace
+
+    from treewy.serve.export import export_vllm
+    from treewy.serve.sweep import SweepConfig
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = str(export_vllm(ROOT / "treewy/models/tiny", "/tmp/tiny-vllm", overwrite=True))
+    server = ServeOptions(model=model_dir, gmu=0.3, num_speculative_tokens=3, max_num_seqs=64, port=8031,
+                          max_model_len=2048, extra_args=VLLM_026_ARGS)
+    cfg = SweepConfig(server=server, model_name="tiny", workloads=["smoke"], modes=[args.mode],
+                      concurrencies=[1, 4, 8, 16], num_prompts=16, out=out / "fault_sweep.parquet",
+                      result_dir=out / "fault_results", device="H200", health_timeout=900, point_timeout=300)
+    run_sweep(cfg, out, kill_at=1)
+    first = [json.loads(x) for x in cfg.checkpoint.read_text().splitlines()]
+    ran, bad = run_sweep(replace(cfg, retry_failed=True), out)
+    final = [json.loads(x) for x in cfg.checkpoint.read_text().splitlines()]
+    summary = {"first_pass": [(r["point"], r["row"].get("error")) for r in first],
+               "resume": [(r["point"], r["row"].get("error")) for r in final[len(first):]]}
+    (out / "fault.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1))
+    return 0 if bad == 0 else 1
+
+
+def cmd_sweep(args) -> int:
+    from treewy.serve.export import export_dummy
+    from treewy.serve.sweep import SweepConfig
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = str(export_dummy("qwen3.5-35b-a3b", "/tmp/q35b-dummy", max_len=args.max_model_len, overwrite=True))
+    server = ServeOptions(model=model_dir, gmu=args.gmu, num_speculative_tokens=3, max_num_seqs=256, port=8021,
+                          max_model_len=args.max_model_len, extra_args=VLLM_026_ARGS + ["--load-format", "dummy"])
+    cfg = SweepConfig(server=server, model_name="qwen3.5-35b-a3b", workloads=args.workloads.split(","),
+                      modes=[args.mode], concurrencies=[int(c) for c in args.concurrency.split(",")],
+                      num_prompts=args.num_prompts, out=out / f"serve35b_{args.mode}.parquet",
+                      result_dir=out / "results", device="H200", health_timeout=900, point_timeout=300)
+    _, bad = run_sweep(cfg, out)
+    return 0 if bad == 0 else 1
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("tiny")
+    t.add_argument("--out", required=True)
+    t.add_argument("--prompts", type=int, default=40)
+    t.add_argument("--prompt-len", type=int, default=64)
+    t.add_argument("--new-tokens", type=int, default=48)
+    t.add_argument("--preempt-blocks", type=int, default=24)
+    t.add_argument("--modes", default="store_all,reconstruct", type=lambda s: s.split(","))
+    t.add_argument("--stages", default="graphs,preempt", type=lambda s: s.split(","))
+    s = sub.add_parser("sweep")
+    s.add_argument("--out", required=True)
+    s.add_argument("--mode", required=True, choices=("store_all", "reconstruct"))
+    s.add_argument("--gmu", type=float, default=0.6)
+    s.add_argument("--workloads", default="generation-heavy,balanced-chat")
+    s.add_argument("--concurrency", default="1,8,32,64,128,256")
+    s.add_argument("--num-prompts", type=int, default=64)
+    s.add_argument("--max-model-len", type=int, default=4096)
+    f = sub.add_parser("fault")
+    f.add_argument("--out", required=True)
+    f.add_argument("--mode", default="reconstruct", choices=("store_all", "reconstruct"))
+    args = p.parse_args(argv)
+    return {"tiny": cmd_tiny, "sweep": cmd_sweep, "fault": cmd_fault}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
