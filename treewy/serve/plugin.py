@@ -73,21 +73,21 @@ def _page_from_vllm_config(stock_shapes, stock_dtypes, vllm_config):
                        num_spec=spec.num_speculative_tokens if spec else 0)
 
 
+def _page_method(stock_shape, stock_dtype, part: int):
+    """A classmethod returning part 0 (shapes) or 1 (dtypes) of the reconstruct page, around the stock methods."""
+    def method(cls, vllm_config):
+        return _page_from_vllm_config(stock_shape(vllm_config), stock_dtype(vllm_config), vllm_config)[part]
+    return classmethod(method)
+
+
 def _patch_model_classes(classes) -> None:
     for module, name in classes:
         cls = getattr(importlib.import_module(module), name)
         if cls.__dict__.get(_PATCHED):
             continue
         shape_fn, dtype_fn = cls.get_mamba_state_shape_from_config, cls.get_mamba_state_dtype_from_config
-
-        def shapes(c, vc, shape_fn=shape_fn, dtype_fn=dtype_fn):
-            return _page_from_vllm_config(shape_fn(vc), dtype_fn(vc), vc)[0]
-
-        def dtypes(c, vc, shape_fn=shape_fn, dtype_fn=dtype_fn):
-            return _page_from_vllm_config(shape_fn(vc), dtype_fn(vc), vc)[1]
-
-        cls.get_mamba_state_shape_from_config = classmethod(shapes)
-        cls.get_mamba_state_dtype_from_config = classmethod(dtypes)
+        cls.get_mamba_state_shape_from_config = _page_method(shape_fn, dtype_fn, 0)
+        cls.get_mamba_state_dtype_from_config = _page_method(shape_fn, dtype_fn, 1)
         setattr(cls, _PATCHED, True)
 
 
@@ -145,6 +145,11 @@ def _layer_class(gdn):
             if md is not None and (md.num_prefills > 0 or md.num_decodes > 0):
                 # vLLM's prefill / plain-decode kernels read these slots' state directly
                 flush_slots(self.treewy_pools(), md.non_spec_state_indices_tensor)
+            idx = getattr(md, "spec_state_indices_tensor", None)
+            if idx is not None and idx.shape[-1] < self.num_spec + 1:
+                # one block per request makes the block table 1 wide, but vLLM's spec conv reads the window
+                # length from its width (causal_conv1d_update's max_query_len): widen it as a view of column 0
+                md.spec_state_indices_tensor = idx[:, :1].expand(-1, self.num_spec + 1)
             token = _ACTIVE_LAYER.set(self)
             try:
                 super()._forward_core(mixed_qkv, b, a, core_attn_out)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from treewy.ops.pending import PendingCommit, flush_pending
+from treewy.ops.pending import PendingCommit
 
 
 @dataclass
@@ -145,11 +145,12 @@ def flush_slots(pools: ReconstructPools, slots: torch.Tensor, accepted: int = 0)
     s = s[pools.meta[s, 0] > 0]
     if s.numel() == 0:
         return
-    T = pools.max_nodes
+    from treewy.ops.tree_commit import tree_commit_fwd
+
     acc = torch.full((s.numel(),), accepted, dtype=torch.int32, device=s.device)
     state = pools.state[s]
-    flush_pending(state, PendingCommit(pools.u[s], pools.k[s], pools.g[s], chain_parents(T, s.device), acc,
-                                       use_qk_l2norm_in_kernel=True))
+    tree_commit_fwd(state, pools.u[s], pools.k[s], pools.g[s], chain_parents(pools.max_nodes, s.device), 0, acc,
+                    True)
     pools.state[s] = state
     pools.meta[s, 0] = 0
 
