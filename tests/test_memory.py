@@ -108,7 +108,7 @@ def test_unknown_presets_list_the_known_ones():
 
 
 def test_gmu_without_room_for_weights_says_so_with_numbers():
-    with pytest.raises(ValueError, match=r"gmu = 0\.3.*53\.4 GiB.*weights take 66\.9 GiB.*raise gmu above 0\.\d\d"):
+    with pytest.raises(ValueError, match=r"gmu = 0\.3.*53\.4 GiB.*weights take 66\.1 GiB.*raise gmu above 0\.\d\d"):
         paging(M35, "b200", gmu=0.3)
 
 
@@ -126,3 +126,39 @@ def test_bad_gmu_tp_and_dtype_are_rejected():
         paging(M35, "b200", tp=0)
     with pytest.raises(ValueError, match="dtype = 'int8'"):
         ModelSpec.from_name(M35).gdn_state_bytes("int8")
+
+
+def test_layout_matches_vllms_own_capacity_on_the_h200():
+    """vLLM 0.26 logged its pool for Qwen3.5-35B-A3B (dummy weights, gmu 0.9, eager, max len 8192) in both
+    modes on an H200 (benchmarks/results/vllm_h200_2026-11-30/capacity_35b_gmu0.9_*.log): the attention
+    block size it chose and its maximum concurrency. The memory model reproduces both."""
+    import re
+    from pathlib import Path
+
+    from treewy.memory import ServerConfig, paging
+
+    logs = Path(__file__).parents[1] / "benchmarks/results/vllm_h200_2026-11-30"
+    for mode in ("store_all", "reconstruct"):
+        text = (logs / f"capacity_35b_gmu0.9_{mode}.log").read_text()
+        block = int(re.search(r"attention block size to (\d+) tokens", text).group(1))
+        conc = float(re.search(r"Maximum concurrency for 8,192 tokens per request: ([\d.]+)x", text).group(1))
+        layout = paging("qwen3.5-35b-a3b", "h200", gmu=0.9, mode=mode,
+                        server=ServerConfig(max_num_seqs=256, cudagraph_gib=0.0))   # as that run was launched
+        assert layout.block_size == block, (mode, layout.block_size, block)
+        assert abs(layout.max_concurrency(8192) / conc - 1) < 0.01, (mode, layout.max_concurrency(8192), conc)
+
+
+def test_stash_bytes_are_the_plugins_page():
+    from math import prod
+
+    import torch
+
+    from treewy.memory import ModelSpec
+    from treewy.serve.reconstruct import stash_layout
+
+    m = ModelSpec.from_name("qwen3.5-397b-a17b")
+    for tp, tree in ((1, (1, 1, 1)), (8, (1,) * 5)):
+        shapes, dtypes = stash_layout(H=m.gdn_key_heads // tp, HV=m.gdn_value_heads // tp, K=m.gdn_key_dim,
+                                      V=m.gdn_value_dim, max_nodes=len(tree) + 1)
+        want = sum(prod(s) * torch.empty(0, dtype=d).element_size() for s, d in zip(shapes, dtypes))
+        assert m.reconstruct_stash_bytes(tree, tp) == want

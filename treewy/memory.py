@@ -223,6 +223,13 @@ class ModelSpec:
         """GDN state memory of one sequence under a mode (no conv state, no padding)."""
         return self.state_blocks(mode, tree) * self.gdn_state_bytes(dtype, tp)
 
+    def reconstruct_stash_bytes(self, tree=(1, 1, 1), tp: int = 1) -> int:
+        """TreeWY's pending commit kept in each GDN page by the vLLM plugin (treewy.serve.reconstruct.stash_layout):
+        u [T, HV, V], k [T, H, K] and g [T, HV] in fp32 and the window length (int32), per layer and request."""
+        T = tree_num_nodes(tree)
+        hv, h = self.gdn_value_heads // tp, self.gdn_key_heads // tp
+        return int(T * (hv * self.gdn_value_dim + h * self.gdn_key_dim + hv) * 4 + 4)
+
     def pseudo_value_bytes(self, tree=(1, 1, 1), tp: int = 1) -> int:
         """TreeWY's transient U, T x V per value head in fp32, for one GDN layer of one request."""
         return int(tree_num_nodes(tree) * self.gdn_value_heads / tp * self.gdn_value_dim * 4)
@@ -278,9 +285,11 @@ class ModelSpec:
         return int(self.vocab_size * self.hidden_size + self.num_attn_layers * self.attn_layer_params
                    + self.num_gdn_layers * self.gdn_layer_params + self.num_layers * mlp)
 
-    def weight_bytes(self, tp: int = 1) -> int:
-        """Weights per GPU: every expert resident, split evenly over TP ranks."""
-        return int(self.param_count() * _bytes_of(self.weight_dtype) / tp)
+    def weight_bytes(self, tp: int = 1, vision: bool = True) -> int:
+        """Weights per GPU: every expert resident, split evenly over TP ranks; ``vision=False`` leaves out
+        ``extra_params`` (vLLM's --language-model-only never loads the vision tower)."""
+        params = self.param_count() - (0 if vision else self.extra_params)
+        return int(params * _bytes_of(self.weight_dtype) / tp)
 
 
 def _qwen35(name, hidden, layers, heads, value_heads, experts, topk, moe_inter, vocab=248320):
@@ -325,7 +334,7 @@ class GPU:
 
 _GPUS = {
     "b200": GPU("b200", 178.0, 8.0, 2250.0, 900.0),
-    "h200": GPU("h200", 141.0, 4.8, 989.0, 450.0),
+    "h200": GPU("h200", 139.8, 4.8, 989.0, 450.0),     # what CUDA reports (vLLM 0.26's log, 2026-11-30)
     "h100": GPU("h100", 80.0, 3.35, 989.0, 450.0),
 }
 
@@ -334,12 +343,14 @@ _GPUS = {
 class ServerConfig:
     """The vLLM knobs that shape memory: defaults of ``vllm serve`` on a >= 70 GiB GPU."""
 
-    max_num_seqs: int = 1024
+    max_num_seqs: int = 1024                # vLLM's default on large GPUs (treewy serve launches 256)
     max_num_batched_tokens: int = 8192
     kernel_block_alignment: int = 16
-    cudagraph_gib: float = 1.0
-    non_torch_gib: float = 0.5
-    mtp_in_pool: bool = True          # the MTP layer's KV shares the pool with the target's
+    cudagraph_gib: float = 1.0              # a guess (CUDA graphs on); the tiny model measured 0.14-0.17 GiB
+    non_torch_gib: float = 0.22             # vLLM 0.26's profile on the H200, 2026-11-30 (was a 0.5 guess)
+    sampler_bytes_per_logit: float = 33.0   # fitted to that profile's peak activation (was 20, a formula)
+    mtp_in_pool: bool = True                # the MTP layer's KV shares the pool with the target's
+    language_model_only: bool = True        # served text-only: the vision tower is not loaded
 
 
 def activation_reserve_bytes(model: ModelSpec, tp: int = 1, mode: str = "store_all", tree=(1, 1, 1),
@@ -360,7 +371,8 @@ def activation_reserve_bytes(model: ModelSpec, tp: int = 1, mode: str = "store_a
     per_token = 2 * (4 * model.hidden_size + proj / tp + mlp / tp)
     terms = {
         "activations": int(server.max_num_batched_tokens * per_token),
-        "sampler": int(min(server.max_num_seqs, server.max_num_batched_tokens) * model.vocab_size * 20),
+        "sampler": int(min(server.max_num_seqs, server.max_num_batched_tokens) * model.vocab_size
+                       * server.sampler_bytes_per_logit),
         "pseudo_values": model.pseudo_value_bytes(tree, tp) * server.max_num_seqs if mode == "reconstruct" else 0,
         "cudagraph": int(server.cudagraph_gib * GIB),
         "non_torch": int(server.non_torch_gib * GIB),
@@ -418,6 +430,10 @@ class PagingLayout:
         """How many requests of ``tokens`` tokens fit in the pool at once."""
         return self.num_blocks // self.blocks_per_request(tokens)
 
+    def max_concurrency(self, tokens: int) -> float:
+        """vLLM's own figure ("Maximum concurrency for N tokens per request: X x"): blocks / blocks per request."""
+        return self.num_blocks / self.blocks_per_request(tokens)
+
     def summary(self) -> dict:
         return {
             "model": self.model.name, "gpu": self.gpu.name, "tp": self.tp, "gmu": self.gmu, "mode": self.mode,
@@ -445,8 +461,10 @@ def paging(model: ModelSpec | str, gpu: GPU | str, *, tp: int = 1, gmu: float = 
 
     attn_layers = model.num_attn_layers + (model.mtp_layers if server.mtp_in_pool else 0)
     attn_tok = int(2 * model.kv_heads_per_gpu(tp) * model.head_dim * 2)   # one layer, bf16 K and V
-    conv_width = model.conv_kernel - 1 + (N if mode == "store_all" else 0)
+    conv_width = model.conv_kernel - 1 + N                                 # vLLM's sliding conv window, both modes
     mamba_raw = model.conv_state_bytes(conv_width, tp) + model.gdn_state_bytes(state_dtype, tp) // model.num_gdn_layers
+    if mode == "reconstruct":
+        mamba_raw += model.reconstruct_stash_bytes(tree, tp)
     align = server.kernel_block_alignment
     block_size = align * -(-mamba_raw // (align * attn_tok))
     page = block_size * attn_tok
@@ -456,7 +474,7 @@ def paging(model: ModelSpec | str, gpu: GPU | str, *, tp: int = 1, gmu: float = 
     attn_groups = -(-attn_layers // group_size)
     gdn_groups = -(-model.num_gdn_layers // group_size)
 
-    weights = model.weight_bytes(tp)
+    weights = model.weight_bytes(tp, vision=not server.language_model_only)
     terms = activation_reserve_bytes(model, tp, mode, tree, server)
     reserve = sum(terms.values())
     budget = gmu * gpu.memory_bytes
