@@ -52,37 +52,26 @@ def wy_prepare_kernel(
     m_t = o_t < n_b
     m_anc, b_G, n_depth = _ancestors(parents, g, i_b64, i_hv, o_t, m_t, stride_pb, T, HV)
 
+    # K K^T first, then (I + M)^-1, then Q K^T and P: fewer [BT, BT] tiles live at once
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
-    b_QK = tl.zeros([BT, BT], dtype=tl.float32)
     b_nk = tl.zeros([BT], dtype=tl.float32)
-    b_nq = tl.zeros([BT], dtype=tl.float32)
     p_qk = (i_b64 * T + o_t) * H + i_h
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
-        m_tk = m_t[:, None] & (o_k < K)[None, :]
-        b_k = tl.load(k + p_qk[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
-        b_q = tl.load(q + p_qk[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
-        b_kt = tl.trans(b_k)
-        b_A += _dot_fp32(b_k, b_kt, DOT_PRECISION, SPLIT, K_TF32, K_TF32)
-        b_QK = tl.dot(b_q, b_kt, b_QK, input_precision=DOT_PRECISION)
+        b_k = tl.load(k + p_qk[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :],
+                      other=0).to(tl.float32)
+        b_A += _dot_fp32(b_k, tl.trans(b_k), DOT_PRECISION, SPLIT, K_TF32, K_TF32)
         if USE_QK_L2NORM_IN_KERNEL:
             b_nk += tl.sum(b_k * b_k, 1)
-            b_nq += tl.sum(b_q * b_q, 1)
     b_rk = tl.zeros([BT], dtype=tl.float32) + 1.0
-    b_rq = tl.zeros([BT], dtype=tl.float32) + 1.0
     if USE_QK_L2NORM_IN_KERNEL:
         b_rk = 1.0 / tl.sqrt(b_nk + 1e-6)
-        b_rq = 1.0 / tl.sqrt(b_nq + 1e-6)
 
     # masked log-space decays: only ancestor pairs, G_t - G_i <= 0
     m_strict = m_anc & (o_t[:, None] != o_t[None, :])
-    b_diff = b_G[:, None] - b_G[None, :]
     b_beta = tl.load(beta + (i_b64 * T + o_t) * HV + i_hv, mask=m_t, other=0).to(tl.float32)
-    b_M = tl.where(m_strict, tl.exp(tl.where(m_strict, b_diff, float("-inf"))) * b_A, 0.0)
+    b_M = tl.where(m_strict, tl.exp(tl.where(m_strict, b_G[:, None] - b_G[None, :], float("-inf"))) * b_A, 0.0)
     b_M = b_M * (b_beta * b_rk)[:, None] * b_rk[None, :]
-    b_P = tl.where(m_anc, tl.exp(tl.where(m_anc, b_diff, float("-inf"))) * b_QK, 0.0)
-    b_P = b_P * (scale * b_rq)[:, None] * b_rk[None, :]
-    b_eG = tl.where(m_t, tl.exp(b_G), 0.0)
 
     # (I + M)^-1 = I - M (I - M (I - ...)): M is nilpotent of order depth + 1
     b_I = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
@@ -94,10 +83,27 @@ def wy_prepare_kernel(
     o_tt = o_t[:, None] * T + o_t[None, :]
     m_tt = (o_t[:, None] < T) & (o_t[None, :] < T)
     m_T = o_t < T
+    b_eG = tl.where(m_t, tl.exp(b_G), 0.0)
     tl.store(p_prep + o_tt, b_Minv, mask=m_tt)
-    tl.store(p_prep + T * T + o_tt, b_P, mask=m_tt)
     tl.store(p_prep + 2 * T * T + o_t, b_beta, mask=m_T)
     tl.store(p_prep + 2 * T * T + T + o_t, b_beta * b_eG * b_rk, mask=m_T)
+
+    b_QK = tl.zeros([BT, BT], dtype=tl.float32)
+    b_nq = tl.zeros([BT], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_tk = m_t[:, None] & (o_k < K)[None, :]
+        b_k = tl.load(k + p_qk[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+        b_q = tl.load(q + p_qk[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+        b_QK = tl.dot(b_q, tl.trans(b_k), b_QK, input_precision=DOT_PRECISION)
+        if USE_QK_L2NORM_IN_KERNEL:
+            b_nq += tl.sum(b_q * b_q, 1)
+    b_rq = tl.zeros([BT], dtype=tl.float32) + 1.0
+    if USE_QK_L2NORM_IN_KERNEL:
+        b_rq = 1.0 / tl.sqrt(b_nq + 1e-6)
+    b_P = tl.where(m_anc, tl.exp(tl.where(m_anc, b_G[:, None] - b_G[None, :], float("-inf"))) * b_QK, 0.0)
+    b_P = b_P * (scale * b_rq)[:, None] * b_rk[None, :]
+    tl.store(p_prep + T * T + o_tt, b_P, mask=m_tt)
     tl.store(p_prep + 2 * T * T + 2 * T + o_t, scale * b_eG * b_rq, mask=m_T)
 
 
