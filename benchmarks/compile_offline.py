@@ -6,6 +6,7 @@ spending GPU time; the register counts matched the H200's within a few registers
     TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel chain --BV 8 --warps 1 --stages 3
     TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel wy_stream --T 40 --BV 32 --BK 32 --warps 4
     TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel wy_prepare --T 40 --warps 8 --ttgir
+    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --all     # every config the launchers may pick
 
 Uses the ptxas and nvdisasm that ship with Triton's NVIDIA backend. Pointers and the state's batch
 stride are marked 16-byte aligned, as Triton specializes them at run time.
@@ -87,6 +88,43 @@ def constexprs(args):
                 **pending, **dots)
 
 
+def check_all():
+    """Compile every config the launchers may pick for the target windows (chain k = 3, (2,2,2), (3,3,3), model
+    shapes, bf16 inputs and fp32 inputs, both precisions) and print one line each; exit 1 if any spills."""
+    from types import SimpleNamespace
+
+    import triton
+
+    from treewy.ops.tree_verify.chain import _configs as chain_configs
+    from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
+    from treewy.ops.tree_verify.wy import STREAM_CONFIGS, prepare_warps, wy_prepare_kernel, wy_stream_kernel
+
+    base = dict(H=16, HV=32, K=128, V=128, BK=None, l2norm=False, bf16_state=False)
+    jobs = [("chain", dict(T=4, PT=4, BV=c.kwargs["BV"], precision="tf32", fp32_inputs=False), c.num_warps,
+             c.num_stages) for c in chain_configs()]
+    for T in (4, 15, 40):
+        BT = max(16, triton.next_power_of_2(T))
+        for prec in ("tf32", "ieee"):
+            for fp32 in (False, True):
+                jobs.append(("wy_prepare", dict(T=T, PT=T, BV=16, precision=prec, fp32_inputs=fp32),
+                             prepare_warps(BT, prec), 1))
+            for bv, bk, w, st in STREAM_CONFIGS[(prec, BT)]:
+                jobs.append(("wy_stream", dict(T=T, PT=T, BV=bv, BK=bk, precision=prec, fp32_inputs=False), w, st))
+    fns = {"chain": tree_verify_chain_kernel.fn, "wy_prepare": wy_prepare_kernel, "wy_stream": wy_stream_kernel.fn}
+    bad = 0
+    for name, kw, warps, stages in jobs:
+        args = SimpleNamespace(**{**base, **kw, "kernel": name})
+        inputs = "*fp32" if args.fp32_inputs else "*bf16"
+        pointers = {**POINTERS, "q": inputs, "k": inputs, "v": inputs, "o": inputs, "pk": inputs}
+        rep = report(compile_sm90(fns[name], constexprs(args), pointers, warps, stages))
+        bad += rep["stack"] != 0
+        print(f"{name:10s} T={args.T:2d} {args.precision:4s} {'fp32' if args.fp32_inputs else 'bf16'} in  "
+              f"BV={args.BV:3d} BK={args.BK or '-'!s:>3s} warps={warps} stages={stages}: registers "
+              f"{rep['registers']:3d}, stack {rep['stack']}", flush=True)
+    print(f"{len(jobs)} configs, {bad} with spills")
+    return 1 if bad else 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kernel", default="chain", choices=KERNEL_NAMES)
@@ -105,10 +143,14 @@ def main(argv=None):
     ap.add_argument("--l2norm", action="store_true", help="keys and queries normalized in the kernel")
     ap.add_argument("--bf16-state", action="store_true")
     ap.add_argument("--ttgir", action="store_true", help="also print the layouts Triton chose")
+    ap.add_argument("--all", action="store_true", help="every config the launchers may pick for the target "
+                    "windows; exit 1 if any spills")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
         sys.exit("set TRITON_INTERPRET=0: the interpreter has no compiler to ask")
     os.environ["TRITON_INTERPRET"] = "0"
+    if args.all:
+        sys.exit(check_all())
 
     from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
     from treewy.ops.tree_verify.wy import wy_prepare_kernel, wy_stream_kernel

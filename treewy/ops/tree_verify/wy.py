@@ -107,25 +107,36 @@ def wy_prepare_kernel(
     tl.store(p_prep + 2 * T * T + 2 * T + o_t, scale * b_eG * b_rq, mask=m_T)
 
 
+#: (BV, BK, warps, stages) the stream kernel is tuned over, per precision and padded window BT: each compiles
+#: for sm_90 without spills (benchmarks/compile_offline.py, benchmarks/NOTES.md), except BT = 128 in "ieee".
+STREAM_CONFIGS = {
+    ("tf32", 16): ((32, 32, 4, 1), (64, 32, 8, 1), (32, 64, 4, 2)),
+    ("tf32", 32): ((32, 32, 4, 1), (16, 32, 4, 1), (64, 32, 8, 1)),
+    ("tf32", 64): ((32, 64, 4, 2), (32, 32, 4, 1), (64, 32, 8, 1)),
+    ("tf32", 128): ((16, 32, 8, 1), (16, 16, 8, 1)),
+    ("ieee", 16): ((32, 32, 4, 1), (64, 32, 8, 1)),
+    ("ieee", 32): ((16, 32, 4, 1), (32, 32, 4, 1)),
+    ("ieee", 64): ((16, 32, 8, 1),),
+    ("ieee", 128): ((16, 16, 8, 1),),
+}
+
+
+def _config_key(c):
+    return c.kwargs["BV"], c.kwargs["BK"], c.num_warps, c.num_stages
+
+
 def _stream_configs():
     if INTERPRET:
         return [triton.Config({"BV": 16, "BK": 16}, num_warps=4)]
-    return [triton.Config({"BV": bv, "BK": bk}, num_warps=w, num_stages=s)
-            for bv, bk, w, s in STREAM_CONFIGS]
-
-
-#: (BV, BK, warps, stages) the stream kernel is tuned over; ``_prune_stream`` keeps those that fit the window.
-STREAM_CONFIGS = ((32, 64, 4, 2), (64, 64, 4, 2), (16, 128, 4, 1), (32, 32, 4, 1), (32, 64, 8, 1), (64, 32, 8, 1))
-
-#: Largest padded window (BT) for which each (BV, BK) is tried: wide tiles only with small windows.
-STREAM_MAX_BT = {(32, 64): 64, (64, 64): 16, (16, 128): 32, (32, 32): 128, (64, 32): 64}
+    shapes = sorted({cfg for cfgs in STREAM_CONFIGS.values() for cfg in cfgs})
+    return [triton.Config({"BV": bv, "BK": bk}, num_warps=w, num_stages=s) for bv, bk, w, s in shapes]
 
 
 def _prune_stream(configs, named_args, **kwargs):
-    BT = {**named_args, **kwargs}["BT"]
-    out = [c for c in fit_v(configs, named_args, **kwargs)
-           if BT <= STREAM_MAX_BT.get((c.kwargs["BV"], c.kwargs["BK"]), 0)]
-    return out or configs[:1]
+    """The configs listed for the launch's precision and BT (and no wider than V)."""
+    args = {**named_args, **kwargs}
+    keep = STREAM_CONFIGS[(args["DOT_PRECISION"], args["BT"])]
+    return [c for c in fit_v(configs, named_args, **kwargs) if _config_key(c) in keep] or configs[:1]
 
 
 @triton.autotune(configs=_stream_configs(), key=KEY_DOTS, restore_value=["h0"],
@@ -195,9 +206,10 @@ def prepare_block_k(K: int) -> int:
     return 16 if INTERPRET else min(64, max(16, triton.next_power_of_2(K)))
 
 
-def prepare_warps(BT: int) -> int:
-    """Warps of the prepare kernel: 4 up to 32 padded nodes, 8 above (no spills at BT = 64 or 128)."""
-    return 4 if BT <= 32 else 8
+def prepare_warps(BT: int, dot_precision: str) -> int:
+    """Warps of the prepare kernel: 4 up to 32 padded nodes (16 with exact fp32 products), 8 above; no spills
+    up to BT = 64 (benchmarks/compile_offline.py --all)."""
+    return 4 if BT <= (16 if dot_precision == "ieee" else 32) else 8
 
 
 def precision_flags(dot_precision: str) -> tuple[str, bool]:
@@ -216,7 +228,7 @@ def wy_prepare_fwd(q, k, g, beta, parents, stride_pb, num_nodes, scale, use_qk_l
         q, k, g, beta, parents, num_nodes if num_nodes is not None else parents, prep, stride_pb, scale, T,
         H=H, HV=HV, K=K, BT=BT, BK=prepare_block_k(K), USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
         HAS_NUM_NODES=num_nodes is not None, DOT_PRECISION=prec, SPLIT=split,
-        K_TF32=k.dtype in (torch.bfloat16, torch.float16), num_warps=prepare_warps(BT),
+        K_TF32=k.dtype in (torch.bfloat16, torch.float16), num_warps=prepare_warps(BT, dot_precision),
     )
     return prep
 
