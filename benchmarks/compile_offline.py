@@ -89,8 +89,9 @@ def constexprs(args):
 
 
 def check_all():
-    """Compile every config the launchers may pick for the target windows (chain k = 3, (2,2,2), (3,3,3), model
-    shapes, bf16 inputs and fp32 inputs, both precisions) and print one line each; exit 1 if any spills."""
+    """Compile every config the launchers may pick for windows of 4, 15, 20 and 40 nodes (chain k = 3, (2,2,2),
+    BT = 32, (3,3,3)) at model shapes, bf16 and fp32 inputs, both precisions; print one line each; exit 1 if
+    any spills."""
     from types import SimpleNamespace
 
     import triton
@@ -102,7 +103,7 @@ def check_all():
     base = dict(H=16, HV=32, K=128, V=128, BK=None, l2norm=False, bf16_state=False)
     jobs = [("chain", dict(T=4, PT=4, BV=c.kwargs["BV"], precision="tf32", fp32_inputs=False), c.num_warps,
              c.num_stages) for c in chain_configs()]
-    for T in (4, 15, 40):
+    for T in (4, 15, 20, 40):
         BT = max(16, triton.next_power_of_2(T))
         for prec in ("tf32", "ieee"):
             for fp32 in (False, True):

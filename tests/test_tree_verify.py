@@ -307,3 +307,47 @@ def test_forced_exact_fp32_path(monkeypatch):
     state = S.clone()
     o, u = tree_verify(*w1, state, tree, pending=pend)
     assert rel(state, rS) < 1e-6 and rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5
+
+
+def test_stream_configs_are_picked_by_precision_and_window():
+    """The autotuner of the stream kernel only tries the configs listed for the launch's precision and padded
+    window (each checked for spills offline), never wider than V."""
+    import triton
+
+    from treewy.ops.tree_verify.wy import STREAM_CONFIGS, _config_key, _prune_stream
+
+    shapes = sorted({c for cs in STREAM_CONFIGS.values() for c in cs})
+    configs = [triton.Config({"BV": bv, "BK": bk}, num_warps=w, num_stages=s) for bv, bk, w, s in shapes]
+    for (prec, BT), want in STREAM_CONFIGS.items():
+        got = _prune_stream(configs, {"BT": BT, "V": 128, "DOT_PRECISION": prec})
+        assert sorted(_config_key(c) for c in got) == sorted(want)
+    narrow = _prune_stream(configs, {"BT": 16, "V": 20, "DOT_PRECISION": "tf32"})
+    assert narrow and all(c.kwargs["BV"] <= 32 for c in narrow)
+
+
+def test_bench_kernels_runs_end_to_end_in_smoke_mode(tmp_path):
+    """benchmarks/bench_kernels.py --smoke: every section on tiny shapes under the interpreter, its table written
+    with device and date, timing bars marked as reports, fla skipped with a note."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_kernels.py"), "--smoke", "--out", str(tmp_path)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (path,) = tmp_path.glob("targets_smoke_*.json")
+    data = json.loads(path.read_text())
+    assert data["smoke"] and data["date"] and "interpreter" in data["device"]
+    names = [t["target"] for t in data["targets"]]
+    for prefix in ("1 ", "2 ", "3 ", "4 ", "5 ", "6 ", "7 ", "8 ", "9 ", "exact:"):
+        assert any(n.startswith(prefix) for n in names), prefix
+    timed = [t for t in data["targets"] if t["unit"] == "us" and t["target"][0] in "1234569"]
+    assert timed and all(t["bar"].startswith("report") for t in timed)
+    exact = [t for t in data["targets"] if t["target"].startswith("exact:") and not t["bar"].startswith("report")]
+    assert len(exact) == 3 and all(t["ok"] for t in exact)
+    assert any("fla rows skipped" in n for n in data["notes"])
+    assert (tmp_path / path.name.replace(".json", ".txt")).read_text().startswith("CPU (Triton interpreter")

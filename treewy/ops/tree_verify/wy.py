@@ -114,7 +114,7 @@ STREAM_CONFIGS = {
     ("tf32", 32): ((32, 32, 4, 1), (16, 32, 4, 1), (64, 32, 8, 1)),
     ("tf32", 64): ((32, 64, 4, 2), (32, 32, 4, 1), (64, 32, 8, 1)),
     ("tf32", 128): ((16, 32, 8, 1), (16, 16, 8, 1)),
-    ("ieee", 16): ((32, 32, 4, 1), (64, 32, 8, 1)),
+    ("ieee", 16): ((32, 32, 4, 1), (16, 32, 4, 1)),
     ("ieee", 32): ((16, 32, 4, 1), (32, 32, 4, 1)),
     ("ieee", 64): ((16, 32, 8, 1),),
     ("ieee", 128): ((16, 16, 8, 1),),
@@ -206,10 +206,15 @@ def prepare_block_k(K: int) -> int:
     return 16 if INTERPRET else min(64, max(16, triton.next_power_of_2(K)))
 
 
+#: Warps of the prepare kernel per precision and padded window: the fewest without spills on sm_90
+#: (benchmarks/compile_offline.py --all; BT = 128 spills with any).
+PREPARE_WARPS = {("tf32", 16): 4, ("tf32", 32): 4, ("tf32", 64): 8, ("tf32", 128): 8,
+                 ("ieee", 16): 4, ("ieee", 32): 8, ("ieee", 64): 4, ("ieee", 128): 8}
+
+
 def prepare_warps(BT: int, dot_precision: str) -> int:
-    """Warps of the prepare kernel: 4 up to 32 padded nodes (16 with exact fp32 products), 8 above; no spills
-    up to BT = 64 (benchmarks/compile_offline.py --all)."""
-    return 4 if BT <= (16 if dot_precision == "ieee" else 32) else 8
+    """Warps of the prepare kernel (PREPARE_WARPS)."""
+    return PREPARE_WARPS[(precision_flags(dot_precision)[0], BT)]
 
 
 def precision_flags(dot_precision: str) -> tuple[str, bool]:
