@@ -261,14 +261,14 @@ def capture_vs_eager(b: Bench, write):
             calls.clear()
             if b.smoke:
                 with mock.patch.object(verify, "is_capturing", lambda: True):
-                    tree_verify(q, k, v, g, beta, S.clone(), tree, pending=pend)
+                    tree_verify(q, k, v, g, beta, S.clone(), par, pending=pend, chain=is_chain(tree))
                 same_results = None
             else:
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 cstate = S.clone()
-                with torch.cuda.graph(graph):
-                    co, cu = tree_verify(q, k, v, g, beta, cstate, tree, pending=pend)
+                with torch.cuda.graph(graph):  # device parents and the chain flag: no host reads in a capture
+                    co, cu = tree_verify(q, k, v, g, beta, cstate, par, pending=pend, chain=is_chain(tree))
                 cstate.copy_(S)
                 graph.replay()
                 torch.cuda.synchronize()

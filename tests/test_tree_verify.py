@@ -252,7 +252,8 @@ def test_model_shapes_bf16_within_twice_the_input_rounding_error(kernel, widths,
 @pytest.mark.parametrize("widths", [(1, 1, 1), (3, 3, 3)], ids=str)
 @pytest.mark.parametrize("B", [1, 64])
 def test_captured_step_runs_the_eager_kernel_and_results(widths, B, monkeypatch):
-    """A folded step captured into a CUDA graph launches the eager call's kernels and replays to its results."""
+    """A folded step captured into a CUDA graph (device parents, chain= given) launches the kernels the eager
+    call picks from the DraftTree, and replays to its results."""
     tree = DraftTree.from_widths(widths)
     T, H, HV, K, V = tree.num_nodes, 16, 32, 128, 128
     gen = torch.Generator().manual_seed(1)
@@ -274,8 +275,8 @@ def test_captured_step_runs_the_eager_kernel_and_results(widths, B, monkeypatch)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     launched.clear()
-    with torch.cuda.graph(graph):
-        o, u = tree_verify(*static, state, tree, pending=pend)
+    with torch.cuda.graph(graph):  # inside capture: device parents and the chain flag (no host reads there)
+        o, u = tree_verify(*static, state, par, pending=pend, chain=tree.max_depth == T - 1)
     assert tuple(launched) == eager_pick
     monkeypatch.setattr(verify_mod, "is_capturing", lambda: True)
     with pytest.raises(ValueError, match="chain = None inside a CUDA-graph capture"):

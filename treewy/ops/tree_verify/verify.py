@@ -76,8 +76,8 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     left as they are), then the window is verified from it. The next step's pending commit is
     ``PendingCommit(u, k, g, parents, accepted)`` of this window.
 
-    kernel: None (``select_kernel``), "chain" (chains only) or "wy". chain: None finds it from ``parents``;
-    inside a CUDA-graph capture with device-tensor parents pass it (True / False), or pass a DraftTree, so
+    kernel: None (``select_kernel``), "chain" (chains only) or "wy". chain: None finds it from ``parents``
+    (host data, or the device tensor outside capture); inside a CUDA-graph capture pass it (True / False) so
     the capture picks the kernel an eager call picks. dot_precision: see ``tree_verify_fwd``.
 
     While a CUDA graph is being captured only metadata is checked: pass int32 device tensors validated
@@ -97,7 +97,7 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
         if chain is None and kernel is None:
             raise ValueError("chain = None inside a CUDA-graph capture with device-tensor parents: the kernel "
                              "choice cannot read them there; pass chain=True or chain=False (as the eager call "
-                             "finds it), a DraftTree, or kernel=")
+                             "finds it), or kernel=")
         chain = chain if chain is not None else kernel == "chain"
     elif values and chain and not _window_is_chain(parents, par, dims.T, False):
         raise ValueError("chain = True but the window is not a chain (parents[t] = t - 1 for every t); pass "

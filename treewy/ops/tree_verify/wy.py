@@ -108,14 +108,14 @@ def wy_prepare_kernel(
 
 
 #: (BV, BK, warps, stages) the stream kernel is tuned over, per precision and padded window BT: each compiles
-#: for sm_90 without spills (benchmarks/compile_offline.py, benchmarks/NOTES.md), except BT = 128 in "ieee".
+#: for sm_90 without spills with Triton 3.6 and 3.9 (benchmarks/compile_offline.py --all), except BT = 128.
 STREAM_CONFIGS = {
     ("tf32", 16): ((32, 32, 4, 1), (64, 32, 8, 1), (32, 64, 4, 2)),
     ("tf32", 32): ((32, 32, 4, 1), (16, 32, 4, 1), (64, 32, 8, 1)),
     ("tf32", 64): ((32, 64, 4, 2), (32, 32, 4, 1), (64, 32, 8, 1)),
     ("tf32", 128): ((16, 32, 8, 1), (16, 16, 8, 1)),
     ("ieee", 16): ((32, 32, 4, 1), (16, 32, 4, 1)),
-    ("ieee", 32): ((16, 32, 4, 1), (32, 32, 4, 1)),
+    ("ieee", 32): ((16, 32, 4, 1),),
     ("ieee", 64): ((16, 32, 8, 1),),
     ("ieee", 128): ((16, 16, 8, 1),),
 }
@@ -206,10 +206,11 @@ def prepare_block_k(K: int) -> int:
     return 16 if INTERPRET else min(64, max(16, triton.next_power_of_2(K)))
 
 
-#: Warps of the prepare kernel per precision and padded window: the fewest without spills on sm_90
-#: (benchmarks/compile_offline.py --all; BT = 128 spills with any).
+#: Warps of the prepare kernel per precision and padded window: the fewest without spills on sm_90 with
+#: Triton 3.6 (benchmarks/compile_offline.py --all); "ieee" at BT = 64 spills 64 bytes with bf16 keys, and
+#: BT = 128 spills with any.
 PREPARE_WARPS = {("tf32", 16): 4, ("tf32", 32): 4, ("tf32", 64): 8, ("tf32", 128): 8,
-                 ("ieee", 16): 4, ("ieee", 32): 8, ("ieee", 64): 4, ("ieee", 128): 8}
+                 ("ieee", 16): 4, ("ieee", 32): 8, ("ieee", 64): 8, ("ieee", 128): 8}
 
 
 def prepare_warps(BT: int, dot_precision: str) -> int:
