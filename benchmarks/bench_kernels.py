@@ -1,25 +1,27 @@
-"""The kernel performance targets, measured in one run: TreeWY (commit folded into verify) vs store-all vs fla.
+"""The tree-verification targets (issue 14), measured in one run on one GPU.
 
-    python benchmarks/bench_kernels.py --out DIR [--table] [--drift-steps 200]
+    python benchmarks/bench_kernels.py --out DIR            # or: OUT=DIR python benchmarks/bench_kernels.py
+    python benchmarks/bench_kernels.py --smoke --out DIR    # CPU, Triton interpreter, tiny shapes: runs end to end
 
-One GDN layer per step; bf16 q, k, v; fp32 g, beta; fp32 state unless said; Qwen3.5-35B-A3B shapes
-(H = 16, HV = 32, K = V = 128) unless said; medians of CUDA-graph replays. ``roofline`` is the
-step's minimal traffic (treewy.ops.benchmark.min_bytes) at the H200's 4.27 TB/s copy bandwidth;
-``frac`` is roofline time over measured time. The six targets:
+One GDN layer of Qwen3.5-35B-A3B per step (H = 16, HV = 32, K = V = 128); bf16 q, k, v; fp32 g, beta; fp32
+state unless said; the previous step's commit folded into the verify; medians of CUDA-graph replays. Printed
+as measured and written to DIR/targets_<device>_<date>.txt and .json (rewritten after every section, so a run
+cut short keeps what it measured):
 
-1. chain k = 3 (T = 4), B = 256: TreeWY step <= 300 us.
-2. same run: >= 1.6x faster than fla-core's fused_recurrent over the same 4 tokens, >= 2.5x faster
-   than store-all at T = 4; store-all within 10 % of fla at T = 1.
-3. (3,3,3) (T = 40), B = 256: <= 1.6x the chain step, one launch; store-all's snapshot memory at
-   B = 256 and its time at the largest batch whose snapshots fit (all GDN layers, device memory).
-4. B = 1: chain k = 3 <= 10 us, (3,3,3) <= 15 us.
-5. bf16 state, chain k = 3, B = 256 <= 160 us; 397B-A17B shapes (HV = 64) within 10 % of the 35B
-   roofline fraction.
-6. after 200 folded steps at the model's shapes (B = 4; chain k = 3 and (3,3,3) at random, random
-   accepted nodes), the committed state within 1e-5 relative of the fp64 recurrence; the same
-   over 50 steps of (3,3,3) with plain tf32 dot products, for the record.
+- every target row with pass/fail, scored on the kernel the default choice runs (``select_kernel``); every
+  other candidate family timed beside it, and a check that the choice is the fastest;
+- launches per GDN layer per step (counted by the profiler), bytes moved against the roofline (the state read
+  and written once plus the window's inputs and outputs, at the H200's 4.27 TB/s copy bandwidth), and the
+  WY pair's own traffic (its prepare output written and read once);
+- fla-core's fused_recurrent over the same 4 tokens (target 5; skipped with a note when fla is not importable);
+- captured vs eager: a captured step launches the eager step's kernels and replays to its results; eager times;
+- the autotuner's tunings (keyed by batch bucket, not batch size);
+- exactness: 200 folded steps on every kernel a row uses, in each precision a row uses (tf32 split, and exact
+  fp32 forced as on GPUs without tf32), committed state within 1e-5 of the fp64 recurrence; plain tf32 for
+  the record; bf16 outputs within twice the error of rounding the inputs alone; the ieee path's times.
 
-Writes DIR/targets_<device>_<date>.txt and .json (and, with --table, the full chain/tree table).
+--smoke runs the same sections with tiny shapes under the Triton interpreter (no CUDA graphs, no profiler,
+planned launch counts, times that are not timings) so the script is tested without a GPU.
 """
 
 from __future__ import annotations
@@ -27,208 +29,407 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
+import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from treewy.ops.benchmark import COPY_BW, MODELS, run_case, state_bytes, target_result, trees
-from treewy.tree import DraftTree
+import common  # noqa: E402,F401  (imports treewy before triton: the interpreter switch where there is no GPU)
+import torch  # noqa: E402
 
-CHAIN3 = ((1, 1, 1), DraftTree.chain(3))
-TREE333 = ((3, 3, 3), DraftTree.from_widths((3, 3, 3)))
-DECODE = ((), DraftTree.chain(0))
-CHAIN_KERNELS = ("fma", "chain")   # candidates timed on every chain target row; the fastest is scored
-TREE_KERNELS = ("dot", "dot_head")
+from treewy.ops import PendingCommit, naive_tree_verify, tree_verify  # noqa: E402
+from treewy.ops.benchmark import (  # noqa: E402
+    COPY_BW, MODELS, kernel_bytes, make, min_bytes, step_fn, target_result,
+)
+from treewy.ops.parity import folded_drift  # noqa: E402
+from treewy.ops.tree_verify import LAUNCHES, PRECISION_ENV, select_kernel, verify  # noqa: E402
+from treewy.testing import rel_err  # noqa: E402
+from treewy.tree import DraftTree  # noqa: E402
+
+ROWS = [  # key, target, tree widths, B, state dtype, bar (us)
+    ("333 B256", "1 (3,3,3), B=256", (3, 3, 3), 256, torch.float32, 600.0),
+    ("222 B256", "2 (2,2,2), B=256", (2, 2, 2), 256, torch.float32, 450.0),
+    ("chain3 B64", "3 chain k=3, B=64", (1, 1, 1), 64, torch.float32, 90.0),
+    ("333 B64", "3 (3,3,3), B=64", (3, 3, 3), 64, torch.float32, 180.0),
+    ("333 B1", "4 (3,3,3), B=1", (3, 3, 3), 1, torch.float32, 15.0),
+    ("chain3 B1", "4 chain k=3, B=1", (1, 1, 1), 1, torch.float32, 5.5),
+    ("chain3 B256", "5 chain k=3, B=256", (1, 1, 1), 256, torch.float32, 300.0),
+    ("chain3 B256 bf16", "6 bf16 state, chain k=3, B=256", (1, 1, 1), 256, torch.bfloat16, 200.0),
+]
+SMOKE_B = {256: 2, 64: 2, 1: 1}
+SMOKE_DIMS = dict(H=1, HV=1, K=16, V=16, layers=1)
+DRIFT_BAR = 1e-5
 
 
 def target(name, measured, bar, ok, unit=""):
-    return {"target": name, "measured": measured, "bar": bar, "ok": bool(ok), "unit": unit}
+    return {"target": name, "measured": float(measured), "bar": bar, "ok": bool(ok), "unit": unit}
+
+
+def tree_of(widths):
+    return DraftTree.from_widths(widths)
+
+
+def is_chain(tree):
+    return tree.max_depth == tree.num_nodes - 1
+
+
+def candidates(tree, B):
+    """The selected family first, then the others that can run the window (chains: both)."""
+    chosen = select_kernel(tree.num_nodes, B, is_chain(tree))
+    return [chosen] + [k for k in (("chain", "wy") if is_chain(tree) else ("wy",)) if k != chosen]
+
+
+def pinned_configs():
+    """Launch configs for the drift runs (no autotuning there: many window/pending shapes, few steps each);
+    each compiles for sm_90 without spills (benchmarks/compile_offline.py)."""
+    import triton
+
+    return {("chain", None): triton.Config({"BV": 8}, num_warps=1, num_stages=3),
+            ("wy", "tf32"): triton.Config({"BV": 32, "BK": 64}, num_warps=4, num_stages=2),
+            ("wy", "tf32_plain"): triton.Config({"BV": 32, "BK": 64}, num_warps=4, num_stages=2),
+            ("wy", "ieee"): triton.Config({"BV": 16, "BK": 32}, num_warps=8, num_stages=1)}
+
+
+@contextmanager
+def env(name, value):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+@contextmanager
+def recording():
+    """The kernel families the launcher runs, in order (the launcher's module names, wrapped)."""
+    calls = []
+    with mock.patch.object(verify, "chain_fwd", side_effect=lambda *a, _f=verify.chain_fwd, **k: (
+            calls.append("chain"), _f(*a, **k))[1]), \
+         mock.patch.object(verify, "wy_fwd", side_effect=lambda *a, _f=verify.wy_fwd, **k: (
+            calls.append("wy"), _f(*a, **k))[1]):
+        yield calls
 
 
 class Bench:
-    """Rows by key, timed once each, and the targets computed from whatever rows exist."""
+    def __init__(self, args, log):
+        self.args, self.log, self.smoke = args, log, args.smoke
+        self.device = "cpu" if self.smoke else "cuda"
+        self.dims = SMOKE_DIMS if self.smoke else MODELS["35B-A3B"]
+        self.cases, self.targets, self.drift, self.notes, self.extra = {}, [], {}, [], {}
+        self.t0 = time.time()
 
-    def __init__(self, log):
-        self.log, self.rows, self.best, self.drift = log, {}, {}, {}
-        self.total = torch.cuda.get_device_properties(0).total_memory
-        m35 = MODELS["35B-A3B"]
-        snap = state_bytes("store_all", TREE333[1], m35["HV"], m35["K"], m35["V"], torch.float32)
-        self.b_fit = max(1, int(self.total // (snap * m35["layers"])))  # store-all (3,3,3), all 30 layers
+    def past_deadline(self, what):
+        """True (and a note) once the run is past --deadline seconds: the remaining sections are skipped."""
+        late = time.time() - self.t0 > self.args.deadline
+        if late:
+            self.notes.append(f"{what} skipped: past the --deadline of {self.args.deadline} s")
+            self.log(self.notes[-1])
+        return late
 
-    def case(self, key, provider, model, tree, B, state_dtype=torch.float32, **kw):
-        name, t = tree
-        r = self.rows[key] = run_case(provider, model, MODELS[model], name, t, B, state_dtype, self.total, **kw)
-        torch.cuda.empty_cache()
-        self.log(f"{key:38s} " + (f"{r['us']:9.1f} us  {r['gbps']:6.0f} GB/s  roofline {r['roofline_us']:.1f} us"
-                                  if r["us"] is not None else r.get("note", "")))
-        return r["us"]
+    def bar(self, bar):
+        """A timing target's bar; under --smoke a report (the interpreter's times are not timings)."""
+        return "report: --smoke" if self.smoke else bar
 
-    def best_of(self, key, model, tree, B, kernels, state_dtype=torch.float32):
-        """The TreeWY step with each candidate kernel (rows "key [kernel]"); returns the faster (us, kernel)."""
-        best = None
-        for kernel in kernels:
-            us = self.case(f"{key} [{kernel}]", "treewy", model, tree, B, state_dtype, kernel=kernel)
-            if us is not None and (best is None or us < best[0]):
-                best = (us, kernel)
-        return best
+    def batch(self, B):
+        return SMOKE_B[B] if self.smoke else B
+
+    def time(self, fn):
+        """Median us of CUDA-graph replays; under --smoke one interpreted call (not a timing)."""
+        if self.smoke:
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e6
+        from treewy.ops.benchmark import bench
+        return bench(fn)
+
+    def eager_time(self, fn):
+        if self.smoke:
+            return self.time(fn)
+        import triton
+        return 1e3 * triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+
+    def launches(self, fn, kernel):
+        """Kernel launches of one call (profiler); the family's planned count under --smoke."""
+        if self.smoke:
+            return LAUNCHES[kernel], "planned"
+        try:
+            from torch.profiler import ProfilerActivity, profile
+
+            fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+            n = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+            return n, "profiled"
+        except Exception as e:  # noqa: BLE001
+            self.notes.append(f"launch count by profiler failed ({e!r}); planned counts reported")
+            return LAUNCHES[kernel], "planned"
+
+    def inputs(self, tree, B, state_dtype):
+        d = self.dims
+        x = make(B, tree.num_nodes, d["H"], d["HV"], d["K"], d["V"], state_dtype, device=self.device,
+                 input_dtype=torch.float32 if self.smoke else torch.bfloat16)
+        return x
+
+    def step(self, key, tree, B, state_dtype, kernel, dot_precision=None):
+        """One folded TreeWY step: time, launches, bytes; the row is stored under ``key [kernel]``."""
+        d = self.dims
+        x = self.inputs(tree, B, state_dtype)
+        fn = step_fn("treewy", x, tree, kernel=kernel, dot_precision=dot_precision)
+        us = self.time(fn)
+        n, how = self.launches(fn, kernel)
+        sb = torch.tensor([], dtype=state_dtype).element_size()
+        nbytes = min_bytes("treewy", tree, B, d["H"], d["HV"], d["K"], d["V"], sb)
+        kbytes = kernel_bytes(kernel, tree, B, d["H"], d["HV"], d["K"], d["V"], sb)
+        row = dict(key=key, kernel=kernel, T=tree.num_nodes, B=B, state_dtype=str(state_dtype).removeprefix("torch."),
+                   dot_precision=dot_precision, us=us, launches=n, launches_how=how, min_bytes=nbytes,
+                   roofline_us=nbytes / COPY_BW * 1e6, kernel_bytes=kbytes, kernel_roofline_us=kbytes / COPY_BW * 1e6,
+                   roofline_fraction=nbytes / COPY_BW * 1e6 / us, gbps=kbytes / (us * 1e-6) / 1e9)
+        self.cases[f"{key} [{kernel}]" + (f" {dot_precision}" if dot_precision else "")] = row
+        self.log(f"{key:18s} [{kernel:5s}]{' ' + dot_precision if dot_precision else '':6s} {us:10.1f} us  "
+                 f"{n} launch(es)  roofline {row['roofline_us']:.1f} us ({row['roofline_fraction']:.2f})  "
+                 f"with the kernel's own traffic {row['kernel_roofline_us']:.1f} us")
+        del x, fn
+        if not self.smoke:
+            torch.cuda.empty_cache()
+        return row
+
+    def provider(self, key, provider, tree, B):
+        """A non-TreeWY step (fla's fused_recurrent, our store-all kernel) for comparison."""
+        d = self.dims
+        if provider == "fla":
+            try:
+                import fla  # noqa: F401
+            except Exception as e:  # noqa: BLE001
+                self.notes.append(f"fla rows skipped: fla-core not importable ({e!r})")
+                self.log(self.notes[-1])
+                return None
+        x = self.inputs(tree, B, torch.float32)
+        us = self.time(step_fn(provider, x, tree))
+        nbytes = min_bytes(provider, tree, B, d["H"], d["HV"], d["K"], d["V"], 4)
+        self.cases[key] = dict(key=key, kernel=provider, T=tree.num_nodes, B=B, state_dtype="float32", us=us,
+                               min_bytes=nbytes, roofline_us=nbytes / COPY_BW * 1e6,
+                               roofline_fraction=nbytes / COPY_BW * 1e6 / us)
+        self.log(f"{key:18s} [{provider}] {us:10.1f} us  roofline {nbytes / COPY_BW * 1e6:.1f} us")
+        return us
 
 
-def targets_of(b: Bench):
-    """The targets table from the rows measured so far (targets whose rows are missing are skipped)."""
-    r = {k: v["us"] for k, v in b.rows.items()}
-    m35 = MODELS["35B-A3B"]
-    out = []
-    tw = b.best.get("chain3 B256")
-    if tw:
-        us, kern = tw
-        frac = b.rows[f"treewy chain3 B256 [{kern}]"]["roofline_fraction"]
-        out += [target(f"1 chain k=3, B=256: TreeWY step (us) [{kern}]", us, "<= 300", us <= 300, "us"),
-                target("1 ... its roofline fraction", frac, ">= 0.84", frac >= 0.84)]
-        if r.get("fla chain3 B256"):
-            out.append(target("2 fla fused_recurrent T=4 / TreeWY", r["fla chain3 B256"] / us, ">= 1.6",
-                              r["fla chain3 B256"] / us >= 1.6, "x"))
-        if r.get("store_all chain3 B256"):
-            out.append(target("2 store-all T=4 / TreeWY", r["store_all chain3 B256"] / us, ">= 2.5",
-                              r["store_all chain3 B256"] / us >= 2.5, "x"))
-        if b.best.get("333 B256"):
-            tt, tk = b.best["333 B256"]
-            out.append(target(f"3 (3,3,3) B=256 / chain k=3 B=256 [{tk}]", tt / us, "<= 1.6", tt / us <= 1.6, "x"))
-    if r.get("store_all T1 B256") and r.get("fla T1 B256"):
-        ratio = r["store_all T1 B256"] / r["fla T1 B256"]
-        out.append(target("2 store-all T=1 / fla T=1", ratio, "<= 1.10", ratio <= 1.10, "x"))
-    snap = state_bytes("store_all", TREE333[1], m35["HV"], m35["K"], m35["V"], torch.float32)
-    out.append(target("3 store-all (3,3,3) snapshots at B=256, all layers (GiB)", snap * 256 * m35["layers"] / 2**30,
-                      f"device {b.total / 2**30:.0f}", True, "GiB"))
-    sa, tf = r.get(f"store_all 333 B{b.b_fit}"), (b.best.get(f"333 B{b.b_fit}") or (None,))[0]
-    if sa and tf:
-        out.append(target(f"3 store-all (3,3,3) at B={b.b_fit} (largest that fits) / TreeWY", sa / tf, "report",
-                          True, "x"))
-    if b.best.get("chain3 B1"):
-        us, kern = b.best["chain3 B1"]
-        out.append(target(f"4 B=1 chain k=3 (us) [{kern}]", us, "<= 10", us <= 10, "us"))
-    if b.best.get("333 B1"):
-        us, kern = b.best["333 B1"]
-        out.append(target(f"4 B=1 (3,3,3) (us) [{kern}]", us, "<= 15", us <= 15, "us"))
-    if b.best.get("chain3 B256 bf16"):
-        us, kern = b.best["chain3 B256 bf16"]
-        out.append(target(f"5 bf16 state chain k=3 B=256 (us) [{kern}]", us, "<= 160", us <= 160, "us"))
-    if tw and b.best.get("chain3 B256 397B"):
-        us, kern = b.best["chain3 B256 397B"]
-        f397 = b.rows[f"treewy chain3 B256 397B [{kern}]"]["roofline_fraction"]
-        f35 = b.rows[f"treewy chain3 B256 [{tw[1]}]"]["roofline_fraction"]
-        out.append(target("5 397B roofline fraction / 35B", f397 / f35, ">= 0.90", f397 / f35 >= 0.90, "x"))
-    for key, d in b.drift.items():
-        ok = d["state_err"] <= 1e-5
-        out.append(target(f"6 state error, {d['steps']} folded steps, {key}", d["state_err"],
-                          "<= 1e-5" if key != "tf32" else "report", ok or key == "tf32"))
-    return out
-
-
-def measure(args, log, write):
-    """Time the rows the targets need (writing the table as soon as they exist), then drift, then extras."""
-    b = Bench(log)
-    m35 = MODELS["35B-A3B"]
-    b.best["chain3 B256"] = b.best_of("treewy chain3 B256", "35B-A3B", CHAIN3, 256, CHAIN_KERNELS)
-    b.case("fla chain3 B256", "fla", "35B-A3B", CHAIN3, 256)
-    b.case("store_all chain3 B256", "store_all", "35B-A3B", CHAIN3, 256)
-    b.case("store_all T1 B256", "store_all", "35B-A3B", DECODE, 256)
-    b.case("fla T1 B256", "fla", "35B-A3B", DECODE, 256)
-    b.best["333 B256"] = b.best_of("treewy 333 B256", "35B-A3B", TREE333, 256, TREE_KERNELS)
-    b.best["chain3 B1"] = b.best_of("treewy chain3 B1", "35B-A3B", CHAIN3, 1, CHAIN_KERNELS)
-    b.best["333 B1"] = b.best_of("treewy 333 B1", "35B-A3B", TREE333, 1, TREE_KERNELS)
-    b.best["chain3 B256 bf16"] = b.best_of("treewy chain3 B256 bf16", "35B-A3B", CHAIN3, 256, CHAIN_KERNELS,
-                                           torch.bfloat16)
-    b.best["chain3 B256 397B"] = b.best_of("treewy chain3 B256 397B", "397B-A17B", CHAIN3, 256, CHAIN_KERNELS)
-    b.case(f"store_all 333 B{b.b_fit}", "store_all", "35B-A3B", TREE333, b.b_fit)
-    b.best[f"333 B{b.b_fit}"] = b.best_of(f"treewy 333 B{b.b_fit}", "35B-A3B", TREE333, b.b_fit, TREE_KERNELS)
-    write(b)
-
-    from treewy.ops.parity import folded_drift
-
-    # chains take the FMA kernel (exact fp32), (3,3,3) the dot kernel (tf32x3); plain tf32 for the record
-    for key, steps, shapes, kw in (
-            ("fma + dot kernels", args.drift_steps, [CHAIN3[1], TREE333[1]], {}),
-            ("chain kernel", args.drift_steps, [DraftTree.chain(1), CHAIN3[1]], {"kernel": "chain"}),
-            ("dot_head kernel", args.drift_steps, [TREE333[1]], {"kernel": "dot_head"}),
-            ("tf32", args.drift_steps // 4, [TREE333[1]], {"dot_precision": "tf32"})):
-        b.drift[key] = folded_drift(steps, B=4, H=m35["H"], HV=m35["HV"], K=128, V=128, trees=shapes,
-                                    device="cuda", input_dtype=torch.bfloat16, **kw)
-        log(f"drift {key}: {b.drift[key]}")
+def measure_rows(b: Bench, write):
+    worst_launches = 0
+    for key, name, widths, B, sdt, bar in ROWS:
+        tree, B = tree_of(widths), b.batch(B)
+        rows = [b.step(key, tree, B, sdt, k) for k in candidates(tree, B)]
+        chosen, best = rows[0], min(rows, key=lambda r: r["us"])
+        worst_launches = max(worst_launches, chosen["launches"])
+        b.targets.append(target(f"{name} (us) [{chosen['kernel']}, {chosen['launches']} launch(es)]", chosen["us"],
+                                b.bar(f"<= {bar:g}"), chosen["us"] <= bar, "us"))
+        if len(rows) > 1:
+            b.targets.append(target(f"  {key}: the chosen kernel is the fastest (us of the fastest, "
+                                    f"{best['kernel']})", best["us"], b.bar("= chosen"), best is chosen, "us"))
         write(b)
-
-    b.case("treewy_eager chain3 B256", "treewy_eager", "35B-A3B", CHAIN3, 256)
-    b.case("treewy T1 B256 [fma]", "treewy", "35B-A3B", DECODE, 256)
-    b.case("treewy T1 B256 [chain]", "treewy", "35B-A3B", DECODE, 256, kernel="chain")
-    b.case("treewy (2,2,2) B256", "treewy", "35B-A3B", ((2, 2, 2), DraftTree.from_widths((2, 2, 2))), 256)
-    b.case("treewy 333 B256 tf32 [dot]", "treewy", "35B-A3B", TREE333, 256, dot_precision="tf32")
+    b.targets.append(target("7 launches per GDN layer per step (most over the rows, as chosen)", worst_launches,
+                            "<= 3", worst_launches <= 3))
+    chain256 = b.cases.get(f"chain3 B256 [{candidates(tree_of((1, 1, 1)), b.batch(256))[0]}]")
+    tree = tree_of((1, 1, 1))
+    fla = b.provider("fla chain3 B256", "fla", tree, b.batch(256)) if not b.smoke else None
+    if b.smoke:
+        b.notes.append("fla rows skipped: --smoke (fla's kernels are not run under the interpreter here)")
+    if fla and chain256:
+        b.targets.append(target("5 chain k=3, B=256 / fla fused_recurrent over the same 4 tokens",
+                                chain256["us"] / fla, "<= 1.00", chain256["us"] <= fla, "x"))
+    b.provider("store_all chain3 B256", "store_all", tree, b.batch(256))
     write(b)
-    return b
 
 
-def fmt(targets, rows):
-    lines = [f"{'target':62s} {'measured':>11s}  {'bar':>10s}  result", "-" * 96]
-    for t in targets:
+def capture_vs_eager(b: Bench, write):
+    """Item 8: the kernel a captured step launches is the eager one; replays equal eager; eager vs graph time."""
+    d = b.dims
+    for widths in ((1, 1, 1), (3, 3, 3)):
+        tree, B = tree_of(widths), b.batch(256)
+        T = tree.num_nodes
+        x = b.inputs(tree, B, torch.float32)
+        q, k, v, g, beta, S = x
+        par = tree.parents.to(b.device, torch.int32)
+        _, u0 = naive_tree_verify(q.double(), k.double(), v.double(), g.double(), beta.double(), S.double(), par)
+        acc = torch.randint(0, T, (B,), device=b.device, dtype=torch.int32)
+        pend = PendingCommit(u0.float(), k, g, par, acc)
+        with recording() as calls:
+            state = S.clone()
+            eo, eu = tree_verify(q, k, v, g, beta, state, tree, pending=pend)
+            eager_calls = list(calls)
+            calls.clear()
+            if b.smoke:
+                with mock.patch.object(verify, "is_capturing", lambda: True):
+                    tree_verify(q, k, v, g, beta, S.clone(), par, pending=pend, chain=is_chain(tree))
+                same_results = None
+            else:
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                cstate = S.clone()
+                with torch.cuda.graph(graph):  # device parents and the chain flag: no host reads in a capture
+                    co, cu = tree_verify(q, k, v, g, beta, cstate, par, pending=pend, chain=is_chain(tree))
+                cstate.copy_(S)
+                graph.replay()
+                torch.cuda.synchronize()
+                same_results = bool(torch.equal(co, eo) and torch.equal(cu, eu) and torch.equal(cstate, state))
+            captured_calls = list(calls)
+        key = f"{'chain k=3' if is_chain(tree) else '(3,3,3)'}, B={B}"
+        b.log(f"capture {key}: eager {eager_calls}, captured {captured_calls}, same results {same_results}")
+        b.targets.append(target(f"8 captured step runs the eager kernels, {key} ({'+'.join(eager_calls)})",
+                                captured_calls == eager_calls, "= eager", captured_calls == eager_calls))
+        if same_results is not None:
+            b.targets.append(target(f"8 captured replay equals the eager step bit for bit, {key}", same_results,
+                                    "= eager", same_results))
+        kernel = eager_calls[0]
+        fn = step_fn("treewy", x, tree, kernel=kernel)
+        eager_us = b.eager_time(fn)
+        graph_us = b.cases.get(f"{'chain3' if is_chain(tree) else '333'} B256 [{kernel}]", {}).get("us")
+        b.extra[f"eager {key}"] = dict(eager_us=eager_us, graph_us=graph_us)
+        b.targets.append(target(f"8 eager (no graph) step, {key} [{kernel}] (us)", eager_us,
+                                "report" + (f": graph {graph_us:.1f}" if graph_us else ""), True, "us"))
+        del x
+    from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
+    from treewy.ops.tree_verify.wy import wy_stream_kernel
+
+    tunings = {n: len(getattr(f, "cache", {})) for n, f in (("chain", tree_verify_chain_kernel),
+                                                            ("wy_stream", wy_stream_kernel))}
+    b.extra["autotune tunings"] = tunings
+    batches = sorted({b.batch(B) for *_, B, _s, _b in ROWS})
+    b.targets.append(target(f"8 autotune tunings (chain, wy_stream) over batch sizes {batches}",
+                            sum(tunings.values()), f"report: {tunings}", True))
+    write(b)
+
+
+def exactness(b: Bench, write):
+    """200 folded steps on every kernel a row uses, per precision; outputs with bf16 inputs; the ieee path."""
+    d = b.dims
+    steps = 4 if b.smoke else b.args.drift_steps
+    pins = {} if b.smoke else pinned_configs()
+    chain3, t222, t333, chain1 = tree_of((1, 1, 1)), tree_of((2, 2, 2)), tree_of((3, 3, 3)), DraftTree.chain(1)
+    runs = [("chain", None, [chain3, chain1], steps), ("wy", "tf32", [t333, t222, chain3], steps),
+            ("wy", "ieee", [t333, chain3], steps), ("wy", "tf32_plain", [t333], max(2, steps // 4))]
+    for kernel, prec, trees, n in runs:
+        label = f"{kernel}" + (f" {prec}" if prec else "")
+        if b.past_deadline(f"drift {label}"):
+            continue
+        r = folded_drift(n, B=2 if b.smoke else 4, H=d["H"], HV=d["HV"], K=d["K"], V=d["V"], trees=trees,
+                         device=b.device, input_dtype=torch.float32 if b.smoke else torch.bfloat16, kernel=kernel,
+                         dot_precision=prec, config=pins.get((kernel, prec)), check_every=max(1, n // 10))
+        b.drift[label] = {k: v for k, v in r.items() if k != "history"}
+        b.log(f"drift {label}, {n} steps: state {r['state_err']:.2e}, outputs {r['out_err']:.2e}")
+        plain = prec == "tf32_plain"
+        b.targets.append(target(f"exact: state error after {n} folded steps, {label} "
+                                f"({', '.join(str(t.num_nodes) for t in trees)}-node windows)", r["state_err"],
+                                "report" if plain else f"<= {DRIFT_BAR:g}", plain or r["state_err"] <= DRIFT_BAR))
+        write(b)
+    if b.smoke:
+        b.notes.append("bf16 output bound skipped: --smoke (the Triton interpreter mishandles bf16)")
+    elif not b.past_deadline("bf16 output bound"):
+        bf16_outputs(b)
+    for key, widths in (("333 B256", (3, 3, 3)), ("chain3 B256", (1, 1, 1))):
+        if b.past_deadline(f"exact fp32 forced, {key}"):
+            continue
+        with env(PRECISION_ENV, "ieee"):  # the default precision becomes exact fp32, as on a GPU without tf32
+            r = b.step(f"{key} {PRECISION_ENV}=ieee", tree_of(widths), b.batch(256), torch.float32, "wy")
+        b.targets.append(target(f"9 exact fp32 forced ({PRECISION_ENV}=ieee), {key} [wy] (us)", r["us"], "report",
+                                True, "us"))
+    write(b)
+
+
+def bf16_outputs(b: Bench):
+    """bf16 q, k, v: the error against the fp64 reference on the unrounded inputs, against twice the error of
+    rounding the inputs alone (the fp64 reference on the rounded inputs); the precisions' output errors."""
+    d = b.dims
+    for widths, kernel in (((1, 1, 1), "chain"), ((1, 1, 1), "wy"), ((3, 3, 3), "wy")):
+        tree = tree_of(widths)
+        x = make(4, tree.num_nodes, d["H"], d["HV"], d["K"], d["V"], torch.float32, device="cuda",
+                 input_dtype=torch.float32)
+        ro, ru = naive_tree_verify(*[t.double() for t in x], tree)
+        bf = [t.bfloat16() for t in x[:3]] + list(x[3:5])
+        rounded_o, rounded_u = naive_tree_verify(*[t.double() for t in bf], x[5].double(), tree)
+        o, u = tree_verify(*bf, x[5].clone(), tree, kernel=kernel)
+        bound_o, bound_u = 2 * rel_err(rounded_o, ro), 2 * rel_err(rounded_u, ru)
+        err_o, err_u = rel_err(o, ro), rel_err(u, ru)
+        b.log(f"bf16 {widths} [{kernel}]: o {err_o:.2e} (bound {bound_o:.2e}), u {err_u:.2e} (bound {bound_u:.2e})")
+        b.targets.append(target(f"bf16 inputs, {widths} [{kernel}]: output error", err_o, f"<= {bound_o:.2e}",
+                                err_o <= bound_o))
+        b.targets.append(target(f"bf16 inputs, {widths} [{kernel}]: u error", err_u, f"<= {bound_u:.2e}",
+                                err_u <= bound_u))
+        if kernel == "wy" and widths == (3, 3, 3):
+            for prec in ("tf32", "ieee", "tf32_plain"):
+                po, pu = tree_verify(*x[:5], x[5].clone(), tree, kernel="wy", dot_precision=prec)
+                b.targets.append(target(f"fp32 inputs, {widths} [wy {prec}]: output / u error",
+                                        max(rel_err(po, ro), rel_err(pu, ru)), "report", True))
+
+
+def fmt(head, b: Bench):
+    lines = [head, "", f"{'target':84s} {'measured':>10s}  {'bar':>14s}  result", "-" * 120]
+    for t in b.targets:
         m = t["measured"]
-        ms = f"{m:11.3g}" if (abs(m) < 1e-2 or abs(m) >= 1e4) else f"{m:11.2f}"
-        lines.append(f"{t['target']:62s} {ms}  {t['bar']:>10s}  {target_result(t)}")
-    lines += ["", f"{'case':34s} {'us':>9s} {'GB/s':>7s} {'roof us':>8s} {'frac':>5s}  MiB/req", "-" * 80]
-    for key, r in rows.items():
-        us = f"{r['us']:9.1f}" if r["us"] is not None else f"{'-':>9s}"
-        gb = f"{r['gbps']:7.0f}" if r["gbps"] is not None else f"{'-':>7s}"
-        fr = f"{r['roofline_fraction']:5.2f}" if r.get("roofline_fraction") else f"{'-':>5s}"
-        lines.append(f"{key:34s} {us} {gb} {r['roofline_us']:8.1f} {fr}  {r['state_bytes_per_request'] / 2**20:7.1f}"
-                     + (f"  ({r['note']})" if r.get("note") else ""))
-    return "\n".join(lines)
-
-
-def full_table(log):
-    """Every chain and tree shape at B = 1, 8, 64, 256 for the three providers (35B shapes)."""
-    total = torch.cuda.get_device_properties(0).total_memory
-    out = []
-    for B in (1, 8, 64, 256):
-        for name, t in trees():
-            for p in ("treewy", "store_all", "fla"):
-                if p == "fla" and not set(name) <= {1}:
-                    continue
-                log(f"table {p} {name} B={B}")
-                out.append(run_case(p, "35B-A3B", MODELS["35B-A3B"], name, t, B, torch.float32, total))
-                torch.cuda.empty_cache()
-    return out
+        ms = f"{m:10.3g}" if (m and (abs(m) < 1e-2 or abs(m) >= 1e4)) else f"{m:10.2f}"
+        lines.append(f"{t['target']:84s} {ms}  {t['bar']:>14s}  {target_result(t)}")
+    lines += ["", f"{'case':34s} {'us':>9s} {'launch':>6s} {'roof us':>8s} {'frac':>5s} {'own us':>7s} {'GB/s':>6s}",
+              "-" * 84]
+    for key, r in b.cases.items():
+        lines.append(f"{key:34s} {r['us']:9.1f} {r.get('launches', '-')!s:>6s} {r['roofline_us']:8.1f} "
+                     f"{r['roofline_fraction']:5.2f} {r.get('kernel_roofline_us', float('nan')):7.1f} "
+                     f"{r.get('gbps', float('nan')):6.0f}")
+    lines += [""] + [f"note: {n}" for n in b.notes]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--out", type=Path, default=os.environ.get("OUT"), help="output directory (default: $OUT)")
     ap.add_argument("--drift-steps", type=int, default=200)
-    ap.add_argument("--table", action="store_true", help="also time every chain and tree shape at B = 1..256")
+    ap.add_argument("--deadline", type=float, default=420.0,
+                    help="seconds after which the remaining exactness sections are skipped (noted in the table)")
+    ap.add_argument("--smoke", "--toy", action="store_true",
+                    help="tiny shapes on the CPU under the Triton interpreter: checks the script, measures nothing")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_kernels.py needs a CUDA GPU (timings of the Triton kernels)")
+    if args.out is None:
+        ap.error("give --out DIR or set $OUT")
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("bench_kernels.py needs a CUDA GPU; --smoke runs it on the CPU under the Triton interpreter")
     import triton
 
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     log = lambda msg: print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)  # noqa: E731
-    dev, date = torch.cuda.get_device_name(), str(datetime.date.today())
-    tag = dev.split()[-1].lower()
+    dev = "CPU (Triton interpreter, --smoke: not timings)" if args.smoke else torch.cuda.get_device_name()
+    date = str(datetime.date.today())
+    tag = "smoke" if args.smoke else dev.split()[-1].lower()
     head = (f"{dev}, {date}, torch {torch.__version__}, triton {triton.__version__}; one GDN layer per step, "
-            f"bf16 inputs, fp32 state unless said, medians of CUDA-graph replays; copy bandwidth "
+            f"{'fp32 inputs, tiny shapes' if args.smoke else 'bf16 inputs, Qwen3.5-35B-A3B shapes'}, fp32 state "
+            f"unless said, {'one interpreted call' if args.smoke else 'medians of CUDA-graph replays'}; roofline at "
             f"{COPY_BW / 1e12:.2f} TB/s")
+    b = Bench(args, log)
 
-    def write(b: Bench, table=None):
-        """(Re)write the targets table and the rows so far: a run cut short keeps what it measured."""
-        targets = targets_of(b)
-        text = head + "\n\n" + fmt(targets, b.rows) + "\n"
+    def write(bench):
+        text = fmt(head, bench)
         (args.out / f"targets_{tag}_{date}.txt").write_text(text)
         (args.out / f"targets_{tag}_{date}.json").write_text(json.dumps(
             dict(device=dev, date=date, torch=torch.__version__, triton=triton.__version__,
-                 seconds=round(time.time() - t0), targets=targets, rows=b.rows, drift=b.drift,
-                 store_all_fit_batch=b.b_fit, table=table), indent=1, default=str))
+                 seconds=round(time.time() - t0), smoke=args.smoke, targets=bench.targets, rows=bench.cases,
+                 drift=bench.drift, extra=bench.extra, notes=bench.notes), indent=1, default=str))
         return text
 
-    b = measure(args, log, write)
-    print(write(b, full_table(log) if args.table else None))
+    measure_rows(b, write)
+    if not b.past_deadline("captured vs eager"):
+        capture_vs_eager(b, write)
+    exactness(b, write)
+    print(write(b))
+    log(f"done; wrote {args.out}/targets_{tag}_{date}.txt and .json")
 
 
 if __name__ == "__main__":

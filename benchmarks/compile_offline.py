@@ -3,8 +3,10 @@ compiler made of it: registers, stack (spills), shared memory and a static count
 opcodes (shuffles, shared-memory traffic, barriers, loads, stores, FMAs). Cheap to run before
 spending GPU time; the register counts matched the H200's within a few registers on 2026-11-29.
 
-    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel chain --BV 8 --KI 128 --warps 1 --stages 3
-    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel dot --T 40 --BV 32 --BK 32 --warps 4 --ttgir
+    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel chain --BV 8 --warps 1 --stages 3
+    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel wy_stream --T 40 --BV 32 --BK 32 --warps 4
+    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel wy_prepare --T 40 --warps 8 --ttgir
+    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --all     # every config the launchers may pick
 
 Uses the ptxas and nvdisasm that ship with Triton's NVIDIA backend. Pointers and the state's batch
 stride are marked 16-byte aligned, as Triton specializes them at run time.
@@ -20,10 +22,10 @@ import sys
 import tempfile
 from collections import Counter
 
-OPS = ("FFMA", "FMUL", "FADD", "SHFL", "LDS", "STS", "LDSM", "BAR", "HMMA", "LDG", "STG", "LDL", "STL", "MUFU")
+OPS = ("FFMA", "FMUL", "FADD", "SHFL", "LDS", "STS", "LDSM", "BAR", "HMMA", "HGMMA", "LDG", "STG", "LDL", "STL", "MUFU")
 POINTERS = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", h0="*fp32", parents="*i32",
                 num_nodes="*i32", o="*bf16", u="*fp32", pu="*fp32", pk="*bf16", pg="*fp32", ppar="*i32",
-                pacc="*i32")
+                pacc="*i32", prep="*fp32", state_idx="*i32")
 
 
 def compile_sm90(jit_fn, constexprs, pointers, num_warps, num_stages):
@@ -60,9 +62,73 @@ def report(ck):
                 shared=ck.metadata.shared, **{op: ops.get(op, 0) for op in OPS}, total=sum(ops.values()))
 
 
+KERNEL_NAMES = ("chain", "wy_prepare", "wy_stream")
+
+
+def constexprs(args):
+    """The constexpr arguments of a kernel launch at these shapes, as the launchers pass them."""
+    import triton
+
+    from treewy.ops.tree_verify.fold import FOLD_ROWS
+    from treewy.ops.tree_verify.wy import precision_flags, prepare_block_k
+
+    prec, split = precision_flags(args.precision)
+    bt = triton.next_power_of_2(max(args.T, 2))
+    flags = dict(USE_QK_L2NORM_IN_KERNEL=args.l2norm, HAS_NUM_NODES=False)
+    pending = dict(BPT=triton.next_power_of_2(max(args.PT, 2)), HAS_PENDING=True, PENDING_L2NORM=args.l2norm,
+                   FOLD_ROWS=FOLD_ROWS, HAS_STATE_INDICES=False)
+    dots = dict(DOT_PRECISION=prec, SPLIT=split, K_TF32=not args.fp32_inputs)
+    if args.kernel == "chain":
+        return dict(H=args.H, HV=args.HV, K=args.K, V=args.V, BT=bt, BK=triton.next_power_of_2(args.K), BV=args.BV,
+                    **flags, **pending)
+    if args.kernel == "wy_prepare":
+        return dict(H=args.H, HV=args.HV, K=args.K, BT=max(16, bt), BK=args.BK or prepare_block_k(args.K), **flags,
+                    **dots)
+    return dict(H=args.H, HV=args.HV, K=args.K, V=args.V, BT=max(16, bt), BK=args.BK or 64, BV=args.BV, **flags,
+                **pending, **dots)
+
+
+def check_all():
+    """Compile every config the launchers may pick for windows of 4, 15, 20 and 40 nodes (chain k = 3, (2,2,2),
+    BT = 32, (3,3,3)) at model shapes, bf16 and fp32 inputs, both precisions; print one line each; exit 1 if
+    any spills."""
+    from types import SimpleNamespace
+
+    import triton
+
+    from treewy.ops.tree_verify.chain import _configs as chain_configs
+    from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
+    from treewy.ops.tree_verify.wy import STREAM_CONFIGS, prepare_warps, wy_prepare_kernel, wy_stream_kernel
+
+    base = dict(H=16, HV=32, K=128, V=128, BK=None, l2norm=False, bf16_state=False)
+    jobs = [("chain", dict(T=4, PT=4, BV=c.kwargs["BV"], precision="tf32", fp32_inputs=False), c.num_warps,
+             c.num_stages) for c in chain_configs()]
+    for T in (4, 15, 20, 40):
+        BT = max(16, triton.next_power_of_2(T))
+        for prec in ("tf32", "ieee"):
+            for fp32 in (False, True):
+                jobs.append(("wy_prepare", dict(T=T, PT=T, BV=16, precision=prec, fp32_inputs=fp32),
+                             prepare_warps(BT, prec), 1))
+            for bv, bk, w, st in STREAM_CONFIGS[(prec, BT)]:
+                jobs.append(("wy_stream", dict(T=T, PT=T, BV=bv, BK=bk, precision=prec, fp32_inputs=False), w, st))
+    fns = {"chain": tree_verify_chain_kernel.fn, "wy_prepare": wy_prepare_kernel, "wy_stream": wy_stream_kernel.fn}
+    bad = 0
+    for name, kw, warps, stages in jobs:
+        args = SimpleNamespace(**{**base, **kw, "kernel": name})
+        inputs = "*fp32" if args.fp32_inputs else "*bf16"
+        pointers = {**POINTERS, "q": inputs, "k": inputs, "v": inputs, "o": inputs, "pk": inputs}
+        rep = report(compile_sm90(fns[name], constexprs(args), pointers, warps, stages))
+        bad += rep["stack"] != 0
+        print(f"{name:10s} T={args.T:2d} {args.precision:4s} {'fp32' if args.fp32_inputs else 'bf16'} in  "
+              f"BV={args.BV:3d} BK={args.BK or '-'!s:>3s} warps={warps} stages={stages}: registers "
+              f"{rep['registers']:3d}, stack {rep['stack']}", flush=True)
+    print(f"{len(jobs)} configs, {bad} with spills")
+    return 1 if bad else 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kernel", default="chain", choices=("fma", "chain", "dot", "dot_head"))
+    ap.add_argument("--kernel", default="chain", choices=KERNEL_NAMES)
     ap.add_argument("--T", type=int, default=4, help="window nodes")
     ap.add_argument("--PT", type=int, default=4, help="pending window nodes")
     ap.add_argument("--H", type=int, default=16)
@@ -70,30 +136,32 @@ def main(argv=None):
     ap.add_argument("--K", type=int, default=128)
     ap.add_argument("--V", type=int, default=128)
     ap.add_argument("--BV", type=int, default=8)
-    ap.add_argument("--BK", type=int, help="key chunk (dot kernels); default next_pow2(K)")
-    ap.add_argument("--KI", type=int, default=128, help="chain kernel: keys per row segment")
+    ap.add_argument("--BK", type=int, help="key chunk (WY kernels); default: the launcher's")
     ap.add_argument("--warps", type=int, default=1)
     ap.add_argument("--stages", type=int, default=1)
+    ap.add_argument("--precision", default="tf32", choices=("tf32", "ieee", "tf32_plain"))
+    ap.add_argument("--fp32-inputs", action="store_true", help="fp32 q, k, v (keys not exact in tf32)")
+    ap.add_argument("--l2norm", action="store_true", help="keys and queries normalized in the kernel")
     ap.add_argument("--bf16-state", action="store_true")
     ap.add_argument("--ttgir", action="store_true", help="also print the layouts Triton chose")
+    ap.add_argument("--all", action="store_true", help="every config the launchers may pick for the target "
+                    "windows; exit 1 if any spills")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
         sys.exit("set TRITON_INTERPRET=0: the interpreter has no compiler to ask")
     os.environ["TRITON_INTERPRET"] = "0"
-    import triton
+    if args.all:
+        sys.exit(check_all())
 
-    from treewy.ops.tree_verify import KERNEL_FNS
+    from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
+    from treewy.ops.tree_verify.wy import wy_prepare_kernel, wy_stream_kernel
 
-    kern = KERNEL_FNS[args.kernel].fn
-    bt = triton.next_power_of_2(max(args.T, 2))
-    consts = dict(H=args.H, HV=args.HV, K=args.K, V=args.V, BT=max(16, bt) if args.kernel.startswith("dot") else bt,
-                  BK=args.BK or triton.next_power_of_2(args.K), BV=args.BV,
-                  BPT=triton.next_power_of_2(max(args.PT, 2)), USE_QK_L2NORM_IN_KERNEL=False, HAS_NUM_NODES=False,
-                  HAS_PENDING=True, PENDING_L2NORM=False, DOT_PRECISION="tf32x3")
-    if args.kernel == "chain":
-        consts["KI"] = args.KI
-    pointers = {**POINTERS, "h0": "*bf16" if args.bf16_state else "*fp32"}
-    ck = compile_sm90(kern, consts, pointers, args.warps, args.stages)
+    kern = {"chain": tree_verify_chain_kernel.fn, "wy_prepare": wy_prepare_kernel,
+            "wy_stream": wy_stream_kernel.fn}[args.kernel]
+    inputs = "*fp32" if args.fp32_inputs else "*bf16"
+    pointers = {**POINTERS, "q": inputs, "k": inputs, "v": inputs, "o": inputs, "pk": inputs,
+                "h0": "*bf16" if args.bf16_state else "*fp32", "prep": "*fp32"}
+    ck = compile_sm90(kern, constexprs(args), pointers, args.warps, args.stages)
     print(report(ck))
     if args.ttgir:
         print("\n".join(line for line in ck.asm["ttgir"].splitlines() if line.startswith("#")))

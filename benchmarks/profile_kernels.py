@@ -29,11 +29,11 @@ from treewy.tree import DraftTree
 
 CHAIN3 = DraftTree.chain(3)
 TREE333 = DraftTree.from_widths((3, 3, 3))
-CASES = {  # name: (tree, B, kernels)
-    "chain3 B256": (CHAIN3, 256, ("fma", "chain", "dot", "dot_head")),
-    "333 B256": (TREE333, 256, ("dot", "dot_head")),
-    "chain3 B1": (CHAIN3, 1, ("fma", "chain", "dot")),
-    "333 B1": (TREE333, 1, ("dot", "dot_head")),
+CASES = {  # name: (tree, B, kernel families)
+    "chain3 B256": (CHAIN3, 256, ("chain", "wy")),
+    "333 B256": (TREE333, 256, ("wy",)),
+    "chain3 B1": (CHAIN3, 1, ("chain", "wy")),
+    "333 B1": (TREE333, 1, ("wy",)),
 }
 OPS = ("FFMA", "FMUL", "FADD", "SHFL", "LDS", "STS", "LDSM", "BAR", "HMMA", "LDG", "STG", "LDL", "STL", "MUFU")
 
@@ -71,10 +71,10 @@ def time_configs(args, log):
         for name in names:
             if args.kernels and name not in args.kernels:
                 continue
-            kern = KERNEL_FNS[name]
+            kern = KERNEL_FNS[name][-1]  # the autotuned kernel of the family (the WY pair's stream kernel)
             bt = triton.next_power_of_2(BT)
-            bt = max(16, bt) if name.startswith("dot") else bt
-            cfgs = kern.early_config_prune(kern.configs, {"BT": bt, "K": K, "V": V})
+            bt = max(16, bt) if name == "wy" else bt
+            cfgs = kern.early_config_prune(kern.configs, {"BT": bt, "K": K, "V": V, "DOT_PRECISION": "tf32"})
             for cfg in cfgs:
                 if time.time() - t0 > args.deadline:
                     log(f"deadline {args.deadline} s reached: {case} {name} {cfg} and later configs not timed")

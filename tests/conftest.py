@@ -15,6 +15,22 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=why))
 
 
+def _nan_filled(make):
+    def poisoned(*args, **kwargs):
+        x = make(*args, **kwargs)
+        return x.fill_(float("nan")) if x.is_floating_point() else x
+    return poisoned
+
+
+@pytest.fixture(autouse=True)
+def poisoned_empty(monkeypatch):
+    """Every float torch.empty / empty_like / Tensor.new_empty returns NaNs (as fla's tests do), so an
+    output element a kernel forgets to write fails its test instead of passing on leftover memory."""
+    monkeypatch.setattr(torch, "empty", _nan_filled(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", _nan_filled(torch.empty_like))
+    monkeypatch.setattr(torch.Tensor, "new_empty", _nan_filled(torch.Tensor.new_empty))
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread for the module: small decoding steps on a busy CPU run far faster that way."""

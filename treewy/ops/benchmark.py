@@ -1,5 +1,6 @@
 """One GDN layer's verify step timed on a GPU. Shared by benchmarks/bench_kernels.py and the lab's timing panel.
-GPU only: every function here allocates on "cuda".
+``bench`` and ``run_case`` need CUDA; ``make``, ``previous_window`` and ``step_fn`` take a device (the
+benchmark's --smoke mode runs them on CPU under the Triton interpreter).
 
 Providers:
 - ``treewy``: one launch, the previous step's commit folded into this verify (``pending``): what an
@@ -10,7 +11,8 @@ Providers:
 ``min_bytes`` is the traffic a step must move: the state read once and written once, the window's
 inputs read, o and u written, and for TreeWY the pending path's u and k read. ``gbps`` is that over
 the measured time; ``roofline_us`` is that traffic at the copy bandwidth measured on an H200
-(4.27 TB/s, read + write).
+(4.27 TB/s, read + write). ``kernel_bytes`` adds what a kernel family moves beyond it (the WY pair's
+prepare output, written once and read once).
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from treewy.ops.naive import naive_tree_verify
 from treewy.ops.pending import PendingCommit
 from treewy.ops.store_all import store_all_verify_fwd
 from treewy.ops.tree_commit import tree_commit_fwd
 from treewy.ops.tree_verify import tree_verify_fwd
+from treewy.ops.tree_verify.wy import prep_size
 from treewy.paper import SHAPES
 from treewy.tree import DraftTree
 
@@ -36,13 +40,13 @@ def trees():
             + [(w, DraftTree.from_widths(w)) for w in SHAPES[1:]])
 
 
-def make(B, T, H, HV, K, V, state_dtype, seed=0):
-    """bf16 q, k (unit keys), v; fp32 g, beta; the state [B, HV, V, K] in ``state_dtype``."""
-    gen = torch.Generator(device="cuda").manual_seed(B * 1000 + T + seed)
-    r = lambda *s: torch.randn(*s, generator=gen, device="cuda")  # noqa: E731
-    q = r(B, T, H, K).bfloat16()
-    k = F.normalize(r(B, T, H, K), dim=-1).bfloat16()
-    v = r(B, T, HV, V).bfloat16()
+def make(B, T, H, HV, K, V, state_dtype, seed=0, device="cuda", input_dtype=torch.bfloat16):
+    """q, k (unit keys), v in ``input_dtype``; fp32 g, beta; the state [B, HV, V, K] in ``state_dtype``."""
+    gen = torch.Generator(device=device).manual_seed(B * 1000 + T + seed)
+    r = lambda *s: torch.randn(*s, generator=gen, device=device)  # noqa: E731
+    q = r(B, T, H, K).to(input_dtype)
+    k = F.normalize(r(B, T, H, K), dim=-1).to(input_dtype)
+    v = r(B, T, HV, V).to(input_dtype)
     g = F.logsigmoid(r(B, T, HV) + 2.0) / 2
     beta = torch.sigmoid(r(B, T, HV))
     h0 = (r(B, HV, V, K) * 0.1).to(state_dtype)
@@ -53,10 +57,11 @@ def previous_window(x, tree, seed=1):
     """A pending commit from a previous window of the same tree: its u, k, g and a random accepted node."""
     q, k, v, g, beta, h0 = x
     B, T = q.shape[:2]
-    par = tree.parents.to("cuda", torch.int32)
-    _, u = tree_verify_fwd(q, k, v, g, beta, h0.clone(), par, 0, q.shape[-1] ** -0.5)
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    acc = torch.randint(0, T, (B,), generator=gen, device="cuda", dtype=torch.int32)
+    par = tree.parents.to(q.device, torch.int32)
+    _, u = naive_tree_verify(*(t.double() for t in x), par)  # the reference: nothing compiled or tuned for it
+    u = u.float()
+    gen = torch.Generator(device=q.device).manual_seed(seed)
+    acc = torch.randint(0, T, (B,), generator=gen, device=q.device, dtype=torch.int32)
     return PendingCommit(u, k, g, par, acc)
 
 
@@ -79,6 +84,13 @@ def min_bytes(provider, tree, B, H, HV, K, V, sb):
     return state + ins + out
 
 
+def kernel_bytes(kernel, tree, B, H, HV, K, V, sb):
+    """The traffic of a TreeWY step run by ``kernel``: ``min_bytes`` plus, for the WY pair, the prepare
+    kernel's output (2 T^2 + 3 T floats per request and head) written once and read once."""
+    extra = 2 * B * HV * prep_size(tree.num_nodes) * 4 if kernel == "wy" else 0
+    return min_bytes("treewy", tree, B, H, HV, K, V, sb) + extra
+
+
 def bench(fn):
     import triton
 
@@ -98,7 +110,8 @@ def step_fn(provider, x, tree, *, kernel=None, dot_precision=None, config=None):
     ``config`` pins the TreeWY kernel's launch config (see tree_verify_fwd)."""
     q, k, v, g, beta, state = x
     B, T = q.shape[:2]
-    par = tree.parents.to("cuda", torch.int32)
+    dev = q.device
+    par = tree.parents.to(dev, torch.int32)
     scale = q.shape[-1] ** -0.5
     chain = tree.max_depth == T - 1
     if provider == "treewy":
@@ -106,7 +119,7 @@ def step_fn(provider, x, tree, *, kernel=None, dot_precision=None, config=None):
         return lambda: tree_verify_fwd(q, k, v, g, beta, state, par, 0, scale, pending=pend, kernel=kernel,
                                        dot_precision=dot_precision, config=config, chain=chain)
     if provider == "treewy_eager":
-        acc = torch.randint(0, T, (B,), device="cuda", dtype=torch.int32)
+        acc = torch.randint(0, T, (B,), device=dev, dtype=torch.int32)
 
         def eager():
             _, u = tree_verify_fwd(q, k, v, g, beta, state, par, 0, scale, kernel=kernel, dot_precision=dot_precision,
@@ -114,7 +127,7 @@ def step_fn(provider, x, tree, *, kernel=None, dot_precision=None, config=None):
             tree_commit_fwd(state, u, k, g, par, 0, acc)
         return eager
     if provider == "store_all":
-        states = torch.empty(B, T, *state.shape[1:], device="cuda", dtype=state.dtype)
+        states = torch.empty(B, T, *state.shape[1:], device=dev, dtype=state.dtype)
         return lambda: store_all_verify_fwd(q, k, v, g, beta, state, par, 0, scale, states=states)
     if provider == "fla":
         from fla.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule_fwd

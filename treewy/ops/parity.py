@@ -135,15 +135,16 @@ def node_errors(tree: DraftTree, B: int = 2, H: int = 2, HV: int = 4, K: int = 1
 
 def folded_drift(steps: int = 200, B: int = 2, H: int = 1, HV: int = 1, K: int = 16, V: int = 16, *,
                  trees=None, device=None, seed: int = 11, check_every: int = 20, dot_precision=None,
-                 input_dtype=torch.float32, kernel=None, progress=None) -> dict:
+                 input_dtype=torch.float32, kernel=None, config=None, progress=None) -> dict:
     """Run ``steps`` verify steps with each commit folded into the next verify (random trees, random
     accepted nodes) beside the fp64 recurrence run step by step from the same start.
 
     trees: a list of DraftTrees drawn from at random each step (default: random topologies of 1-6
-    nodes, and 17-19 every eighth step so both kernels run). Returns {"state_err": worst relative
+    nodes, and 17-19 every eighth step). Returns {"state_err": worst relative
     RMS error of the flushed state against the recurrence over the checkpoints, "final_state_err",
     "out_err": worst output error, "steps", "history": [{"step", "state_err"}] per checkpoint}.
-    ``kernel``: as in tree_verify_fwd (None: by window size). ``progress``: optional callable(step).
+    ``kernel``, ``dot_precision``, ``config``: as in tree_verify_fwd (kernel None: the WY pair, as for any
+    window not known to be a chain). ``progress``: optional callable(step).
     """
     from treewy.ops import PendingCommit, flush_pending, naive_tree_recurrent
     from treewy.ops.tree_verify import tree_verify_fwd
@@ -165,7 +166,7 @@ def folded_drift(steps: int = 200, B: int = 2, H: int = 1, HV: int = 1, K: int =
         q, k, v, g, beta = (t.to(input_dtype) for t in (x.q, x.k, x.v, x.g, x.beta))
         par = tree.to(device)
         o, u = tree_verify_fwd(q, k, v, g, beta, state, par, 0 if par.ndim == 1 else T, K ** -0.5, pending=pend,
-                               dot_precision=dot_precision, kernel=kernel)
+                               dot_precision=dot_precision, kernel=kernel, config=config)
         ro, states = naive_tree_recurrent(q.double(), k.double(), v.double(), g.double(), beta.double(), S_ref, par)
         worst_out = max(worst_out, rel_err(o, ro))
         acc = torch.randint(0, T, (B,), generator=gen)

@@ -162,14 +162,12 @@ def reset_slots(pools: ReconstructPools, slots: torch.Tensor) -> None:
 
 
 def chain_config(K: int, V: int):
-    """The chain kernel's launch config measured fastest at Qwen3.5's shapes (H200, 2026-11-29:
-    BV = 8, KI = 128, one warp, 3 stages; benchmarks/results/profile_configs_v3b_chain_h200_2026-11-29.log),
-    narrowed to small heads; the interpreter's single config on a CPU."""
+    """A fixed launch config of the chain kernel (``treewy.ops.tree_verify.chain``): BV = 8 value rows per
+    program, one warp, the layout of fla's fused_recurrent that this kernel was measured fastest in
+    (benchmarks/NOTES.md), narrowed to small value heads; one stage under the interpreter."""
     import triton
 
     from treewy.ops._triton import INTERPRET
 
-    if INTERPRET:
-        return triton.Config({"BV": 8, "KI": 4}, num_warps=1)
-    return triton.Config({"BV": min(8, triton.next_power_of_2(V)), "KI": min(128, triton.next_power_of_2(K))},
-                         num_warps=1, num_stages=3)
+    bv = min(8, triton.next_power_of_2(V))
+    return triton.Config({"BV": bv}, num_warps=1) if INTERPRET else triton.Config({"BV": bv}, num_warps=1, num_stages=3)

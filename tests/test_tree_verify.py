@@ -1,0 +1,383 @@
+"""The tree-verify op folder: each stage of the WY pair against its fp64 reference, every kernel forced across
+mild and hard inputs with a pending commit folded in, the kernel choice (bucketed, the same under CUDA-graph
+capture), the precision switch, and bf16 (GPU: the interpreter mishandles bf16) against the error of rounding
+the inputs alone.
+
+CPU: Triton interpreter, small awkward sizes; GPU (marked ``gpu``): the model's shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from treewy.ops.tree_verify import verify as verify_mod
+from treewy.ops import PendingCommit, naive_flush, naive_tree_step, naive_tree_verify, tree_verify
+from treewy.ops.tree_verify import (
+    CHAIN_KERNEL_MAX_BATCH, KERNEL_FNS, KERNELS, LAUNCHES, PRECISION_ENV, batch_bucket, default_dot_precision,
+    select_kernel, tree_verify_fwd,
+)
+from treewy.ops.tree_verify.reference import unpack_prep, wy_prepare_ref, wy_stream_ref
+from treewy.ops.tree_verify.tuning import KEY
+from treewy.ops.tree_verify.wy import wy_prepare_fwd, wy_stream_fwd
+from treewy.testing import random_tree
+from treewy.tree import DraftTree
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def rel(x, ref):
+    ref = ref.double()
+    return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def window(B, T, H, HV, K, V, gen, hard=False, dtype=torch.float32, device=DEVICE):
+    """q, k (unit keys), v, g, beta. hard: half the nodes decay by g = -20, the others barely (g = -1e-4),
+    and beta is 0.999 (writes that overwrite)."""
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, HV, V, generator=gen)
+    if hard:
+        g = torch.where(torch.rand(B, T, HV, generator=gen) < 0.5, -20.0, -1e-4)
+        beta = torch.full((B, T, HV), 0.999)
+    else:
+        g = F.logsigmoid(torch.randn(B, T, HV, generator=gen)) / 4
+        beta = torch.rand(B, T, HV, generator=gen)
+    return [x.to(device, dtype) for x in (q, k, v, g, beta)]
+
+
+def per_request(T, B, gen):
+    return torch.tensor([random_tree(T, gen).parents.tolist() for _ in range(B)], dtype=torch.int32)
+
+
+def case_step(B, H, HV, K, V, prev, new, gen, hard=False, state_dtype=torch.float32):
+    """A previous window verified from S, a pending commit of it (last request idle), the new window, and the
+    fp64 reference of the folded step: (S, pending, new window, (o, u, state) reference)."""
+    S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(DEVICE, state_dtype)
+    PT, T = prev.shape[-1], new.shape[-1]
+    w0, w1 = window(B, PT, H, HV, K, V, gen, hard), window(B, T, H, HV, K, V, gen, hard)
+    _, u0 = naive_tree_verify(*[x.double() for x in w0], S.double(), prev)
+    acc = torch.randint(0, PT, (B,), generator=gen, dtype=torch.int32)
+    acc[-1] = -1
+    ref = naive_tree_step(*[x.double() for x in w1], S.double(), new,
+                          pending=PendingCommit(u0, w0[1].double(), w0[3].double(), prev, acc))
+    pend = PendingCommit(u0.float(), w0[1], w0[3], prev.to(DEVICE), acc.to(DEVICE))
+    return S, pend, w1, ref
+
+
+# ---- the WY pair, stage by stage ----
+
+STAGE_CASES = [  # id, B, H, HV, K, V, parents, l2norm
+    ("tree222-gva2-k20", 2, 1, 2, 20, 24, DraftTree.from_widths((2, 2, 2)).parents, False),
+    ("random19-per-request-gva4-l2norm", 2, 1, 4, 16, 17, None, True),
+    ("chain3-k33", 1, 2, 2, 33, 16, DraftTree.chain(3).parents, False),
+]
+
+
+@pytest.mark.parametrize("name,B,H,HV,K,V,parents,l2norm", STAGE_CASES, ids=[c[0] for c in STAGE_CASES])
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+def test_wy_stages_match_their_references(name, B, H, HV, K, V, parents, l2norm, precision):
+    """Prepare writes (I + M)^-1, P, beta, ck, cq as ``wy_prepare_ref``; stream turns them and the state into
+    ``wy_stream_ref``'s o and u; both together are the closed form. "tf32" runs the hi/lo split code (exact
+    under the interpreter, whose dots are fp32)."""
+    gen = torch.Generator().manual_seed(K + V)
+    par = per_request(19, B, gen) if parents is None else parents.to(torch.int32)
+    T = par.shape[-1]
+    q, k, v, g, beta = window(B, T, H, HV, K, V, gen)
+    if l2norm:
+        q, k = q * 3, k * 2
+    S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(DEVICE)
+    scale = K ** -0.5
+    pd = par.to(DEVICE)
+    prep = wy_prepare_fwd(q, k, g, beta, pd, 0 if pd.ndim == 1 else T, None, scale, l2norm, precision)
+    got, ref = unpack_prep(prep, B, HV, T), wy_prepare_ref(q, k, g, beta, par, scale, l2norm)
+    for name_, x, r in zip(("Minv", "P", "beta", "ck", "cq"), got, ref):
+        assert rel(x, r) < 1e-6, name_
+    o, u = wy_stream_fwd(q, k, v, S, None, prep, None, l2norm, torch.empty_like(v),
+                         torch.empty(v.shape, device=v.device), precision)
+    ro, ru = wy_stream_ref(q, k, v, S, *ref)
+    assert rel(o, ro) < 1e-6 and rel(u, ru) < 1e-6
+    if l2norm:
+        q, k = F.normalize(q.double(), dim=-1), F.normalize(k.double(), dim=-1)
+    no, nu = naive_tree_verify(q.double(), k.double(), v.double(), g.double(), beta.double(), S.double(), par, scale)
+    assert rel(ro, no) < 1e-6 and rel(ru, nu) < 1e-6
+
+
+# ---- every kernel forced, pending folded in, mild and hard inputs ----
+
+FORCED = [  # id, kernel, B, H, HV, K, V, previous window, new window
+    ("chain-chain3-after-tree", "chain", 3, 1, 2, 20, 24, "per-request-9", DraftTree.chain(3).parents),
+    ("chain-decode-after-chain", "chain", 2, 2, 4, 16, 13, DraftTree.chain(2).parents, DraftTree.chain(0).parents),
+    ("wy-tree332-after-chain", "wy", 2, 1, 2, 24, 17, DraftTree.chain(1).parents, DraftTree.from_widths((3, 3, 2)).parents),
+    ("wy-per-request-after-tree", "wy", 3, 2, 4, 16, 20, DraftTree.from_widths((2, 2)).parents, "per-request-6"),
+    ("wy-chain3", "wy", 2, 1, 1, 32, 16, DraftTree.chain(3).parents, DraftTree.chain(3).parents),
+]
+
+
+@pytest.mark.parametrize("name,kernel,B,H,HV,K,V,prev,new", FORCED, ids=[c[0] for c in FORCED])
+@pytest.mark.parametrize("hard", [False, True], ids=["mild", "hard"])
+def test_every_kernel_folds_and_verifies_like_the_reference(name, kernel, B, H, HV, K, V, prev, new, hard):
+    gen = torch.Generator().manual_seed(B * K + V + hard)
+    prev = per_request(int(prev.split("-")[-1]), B, gen) if isinstance(prev, str) else prev
+    new = per_request(int(new.split("-")[-1]), B, gen) if isinstance(new, str) else new
+    S, pend, w1, (ro, ru, rS) = case_step(B, H, HV, K, V, prev, new, gen, hard)
+    state = S.clone()
+    o, u = tree_verify(*w1, state, new.to(DEVICE), pending=pend, kernel=kernel)
+    # hard inputs cancel (beta ~ 1 rewrites what the state holds): fp32 rounding of the pending u shows at 1e-6
+    assert rel(state, rS) < (1e-5 if hard else 1e-6) and rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5
+    assert torch.equal(state[-1], S[-1])  # accepted = -1: untouched
+    assert torch.isfinite(o).all() and torch.isfinite(u).all()
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_kernel_honours_num_nodes_and_bf16_state(kernel):
+    """Windows cut short per request (0 = idle slot: zeros), the state stored in bf16 (rounded once, verified
+    from exactly what is stored), keys normalized in the kernel."""
+    gen = torch.Generator().manual_seed(41)
+    B, H, HV, K, V = 3, 1, 2, 16, 20
+    chain = DraftTree.chain(4).parents
+    S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(DEVICE, torch.bfloat16)
+    w0, w1 = window(B, 5, H, HV, K, V, gen), window(B, 5, H, HV, K, V, gen)
+    w0[1], w1[1], w1[0] = w0[1] * 3, w1[1] * 2, w1[0] * 5
+    _, u0 = tree_verify(*w0, S.clone(), chain, use_qk_l2norm_in_kernel=True, kernel="wy")
+    acc = torch.tensor([4, 2, 1], dtype=torch.int32, device=DEVICE)
+    pend = PendingCommit(u0, w0[1], w0[3], chain, acc, use_qk_l2norm_in_kernel=True)
+    nn = torch.tensor([5, 2, 0], dtype=torch.int32, device=DEVICE)
+    state = S.clone()
+    o, u = tree_verify(*w1, state, chain, use_qk_l2norm_in_kernel=True, num_nodes=nn, pending=pend, kernel=kernel)
+    flushed = naive_flush(S.double(), PendingCommit(u0.double(), w0[1].double(), w0[3].double(), chain, acc,
+                                                    use_qk_l2norm_in_kernel=True))
+    assert state.dtype == torch.bfloat16 and rel(state, flushed) < 8e-3
+    qn, kn = F.normalize(w1[0].double(), dim=-1), F.normalize(w1[1].double(), dim=-1)
+    for b in range(B):
+        n = int(nn[b])
+        assert not o[b, n:].any() and not u[b, n:].any()
+        if n:
+            ro, ru = naive_tree_verify(qn[b:b + 1, :n], kn[b:b + 1, :n], *[x[b:b + 1, :n].double() for x in w1[2:]],
+                                       state[b:b + 1].double(), chain[:n])
+            assert rel(o[b:b + 1, :n], ro) < 1e-5 and rel(u[b:b + 1, :n], ru) < 1e-5
+
+
+# ---- the kernel choice ----
+
+def test_selection_is_a_function_of_host_facts():
+    """Decode windows and small chain batches take the chain kernel, everything else the WY pair; the autotune
+    key holds the batch bucket, not the batch size."""
+    assert select_kernel(1, 256, True) == "chain"
+    assert select_kernel(4, CHAIN_KERNEL_MAX_BATCH, True) == "chain"
+    assert select_kernel(4, CHAIN_KERNEL_MAX_BATCH + 1, True) == "wy"
+    assert select_kernel(40, 1, False) == "wy" and select_kernel(15, 256, False) == "wy"
+    assert all(LAUNCHES[k] <= 3 and len(KERNEL_FNS[k]) == LAUNCHES[k] for k in KERNELS)
+    assert [batch_bucket(b) for b in (1, 2, 4, 5, 16, 17, 64, 65, 256, 300, 5000)] == \
+        [1, 4, 4, 16, 16, 64, 64, 256, 256, 1024, 1024]
+    assert "B_BUCKET" in KEY and "B" not in KEY and "T" not in KEY
+
+
+def test_capture_picks_what_eager_picks(monkeypatch):
+    """tree_verify finds chains from host data (a DraftTree, a list, a CPU tensor) whether or not a CUDA graph
+    is being captured, so the captured step runs the eager step's kernel (a captured chain once ran the fma
+    kernel because chain detection was skipped during capture)."""
+    launched = []
+    for fam in ("chain_fwd", "wy_fwd"):
+        real = getattr(verify_mod, fam)
+        monkeypatch.setattr(verify_mod, fam, lambda *a, _r=real, _n=fam, **kw: (launched.append(_n), _r(*a, **kw))[1])
+    gen = torch.Generator().manual_seed(2)
+    for B, tree in ((1, DraftTree.chain(3)), (CHAIN_KERNEL_MAX_BATCH + 1, DraftTree.chain(3)),
+                    (2, DraftTree.from_widths((2, 1)))):
+        w = window(B, tree.num_nodes, 1, 1, 16, 16, gen)
+        S = torch.zeros(B, 1, 16, 16, device=DEVICE)
+        for parents in (tree, tree.parents):
+            picks = []
+            for capturing in (False, True):
+                monkeypatch.setattr(verify_mod, "is_capturing", lambda c=capturing: c)
+                launched.clear()
+                tree_verify(*w, S, parents)
+                picks.append(tuple(launched))
+            assert picks[0] == picks[1] == ((select_kernel(tree.num_nodes, B, tree.max_depth == tree.num_nodes - 1)
+                                             + "_fwd"),)
+
+
+def test_precision_default_and_the_forcing_variable(monkeypatch):
+    monkeypatch.delenv(PRECISION_ENV, raising=False)
+    assert default_dot_precision("cpu") == "ieee"
+    monkeypatch.setenv(PRECISION_ENV, "tf32")
+    assert default_dot_precision("cpu") == "tf32"
+    monkeypatch.setenv(PRECISION_ENV, "fp16")
+    with pytest.raises(ValueError, match=PRECISION_ENV):
+        default_dot_precision("cpu")
+
+
+def test_rejects_bad_kernel_precision_and_chain_flags():
+    gen = torch.Generator().manual_seed(3)
+    w = window(1, 3, 1, 1, 16, 16, gen)
+    S = torch.zeros(1, 1, 16, 16, device=DEVICE)
+    tree = DraftTree.from_widths((2,))
+    with pytest.raises(ValueError, match="kernel = 'fma'"):
+        tree_verify(*w, S, tree, kernel="fma")
+    with pytest.raises(ValueError, match="dot_precision = 'tf32x3'"):
+        tree_verify(*w, S, tree, dot_precision="tf32x3")
+    with pytest.raises(ValueError, match="chain = True but the window is not a chain"):
+        tree_verify(*w, S, tree, chain=True)
+    with pytest.raises(ValueError, match="kernel='chain' needs"):
+        tree_verify(*w, S, tree, kernel="chain")
+    with pytest.raises(ValueError, match="kernel = 'dot'"):
+        tree_verify_fwd(*w, S, tree.parents, 0, 0.25, kernel="dot")
+
+
+# ---- GPU: the model's shapes ----
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel,widths", [("chain", (1, 1, 1)), ("wy", (1, 1, 1)), ("wy", (2, 2, 2)),
+                                           ("wy", (3, 3, 3))], ids=str)
+@pytest.mark.parametrize("precision", ["tf32", "ieee"])
+def test_model_shapes_bf16_within_twice_the_input_rounding_error(kernel, widths, precision):
+    """bf16 q, k, v: the kernel's error against the fp64 reference on the fp32 inputs stays within twice the
+    error that rounding the inputs to bf16 alone causes (the fp64 reference run on the rounded inputs); fp32
+    inputs stay within 1e-5 (tf32 products split where they feed u and the state, or exact fp32)."""
+    tree = DraftTree.from_widths(widths)
+    B, T, H, HV, K, V = 4, tree.num_nodes, 16, 32, 128, 128
+    gen = torch.Generator().manual_seed(5)
+    S, pend, w1, (ro, ru, rS) = case_step(B, H, HV, K, V, tree.parents, tree.parents, gen)
+    state = S.clone()
+    o, u = tree_verify(*w1, state, tree, pending=pend, kernel=kernel, dot_precision=precision)
+    assert rel(state, rS) < 1e-6 and rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5
+    bf = [x.bfloat16() for x in w1[:3]] + w1[3:]
+    rounded = naive_tree_verify(*[x.double() for x in bf], rS, tree)
+    o16, u16 = tree_verify(*bf, rS.float(), tree, kernel=kernel, dot_precision=precision)
+    assert rel(o16, ro) <= 2 * rel(rounded[0], ro) and rel(u16, ru) <= 2 * rel(rounded[1], ru)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("widths", [(1, 1, 1), (3, 3, 3)], ids=str)
+@pytest.mark.parametrize("B", [1, 64])
+def test_captured_step_runs_the_eager_kernel_and_results(widths, B, monkeypatch):
+    """A folded step captured into a CUDA graph (device parents, chain= given) launches the kernels the eager
+    call picks from the DraftTree, and replays to its results."""
+    tree = DraftTree.from_widths(widths)
+    T, H, HV, K, V = tree.num_nodes, 16, 32, 128, 128
+    gen = torch.Generator().manual_seed(1)
+    launched = []
+    for fam in ("chain_fwd", "wy_fwd"):
+        real = getattr(verify_mod, fam)
+        monkeypatch.setattr(verify_mod, fam, lambda *a, _r=real, _n=fam, **kw: (launched.append(_n), _r(*a, **kw))[1])
+    par = tree.parents.to("cuda", torch.int32)
+    S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).cuda()
+    w0 = window(B, T, H, HV, K, V, gen, dtype=torch.bfloat16)
+    _, u0 = tree_verify(*w0, S.clone(), tree)
+    static = window(B, T, H, HV, K, V, gen, dtype=torch.bfloat16)
+    acc = torch.zeros(B, dtype=torch.int32, device="cuda")
+    pend = PendingCommit(u0, w0[1], w0[3], par, acc)
+    state = S.clone()
+    launched.clear()
+    tree_verify(*static, state.clone(), tree, pending=pend)  # compile and autotune outside the capture
+    eager_pick = tuple(launched)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    launched.clear()
+    with torch.cuda.graph(graph):  # inside capture: device parents and the chain flag (no host reads there)
+        o, u = tree_verify(*static, state, par, pending=pend, chain=tree.max_depth == T - 1)
+    assert tuple(launched) == eager_pick
+    monkeypatch.setattr(verify_mod, "is_capturing", lambda: True)
+    with pytest.raises(ValueError, match="chain = None inside a CUDA-graph capture"):
+        tree_verify(*static, state.clone(), par, pending=pend)
+    monkeypatch.undo()
+    for seed in (2, 3):
+        new = window(B, T, H, HV, K, V, torch.Generator().manual_seed(seed), dtype=torch.bfloat16)
+        a = torch.randint(0, T, (B,), dtype=torch.int32, device="cuda")
+        for dst, src in zip(static, new):
+            dst.copy_(src)
+        state.copy_(S)
+        acc.copy_(a)
+        graph.replay()
+        es = S.clone()
+        eo, eu = tree_verify(*new, es, tree, pending=PendingCommit(u0, w0[1], w0[3], par, a))
+        torch.cuda.synchronize()
+        assert torch.equal(o, eo) and torch.equal(u, eu) and torch.equal(state, es)
+
+
+@pytest.mark.gpu
+def test_forced_exact_fp32_path(monkeypatch):
+    """TREEWY_DOT_PRECISION=ieee forces the path of GPUs without tf32 (sm_75): exact fp32 products, the same
+    parity at the model's shapes."""
+    monkeypatch.setenv(PRECISION_ENV, "ieee")
+    assert default_dot_precision("cuda") == "ieee"
+    tree = DraftTree.from_widths((3, 3, 3))
+    gen = torch.Generator().manual_seed(8)
+    S, pend, w1, (ro, ru, rS) = case_step(3, 16, 32, 128, 128, tree.parents, tree.parents, gen, hard=True)
+    state = S.clone()
+    o, u = tree_verify(*w1, state, tree, pending=pend)
+    assert rel(state, rS) < 1e-6 and rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5
+
+
+def test_stream_configs_are_picked_by_precision_and_window():
+    """The autotuner of the stream kernel only tries the configs listed for the launch's precision and padded
+    window (each checked for spills offline), never wider than V."""
+    import triton
+
+    from treewy.ops.tree_verify.wy import STREAM_CONFIGS, _config_key, _prune_stream
+
+    shapes = sorted({c for cs in STREAM_CONFIGS.values() for c in cs})
+    configs = [triton.Config({"BV": bv, "BK": bk}, num_warps=w, num_stages=s) for bv, bk, w, s in shapes]
+    for (prec, BT), want in STREAM_CONFIGS.items():
+        got = _prune_stream(configs, {"BT": BT, "V": 128, "DOT_PRECISION": prec})
+        assert sorted(_config_key(c) for c in got) == sorted(want)
+    narrow = _prune_stream(configs, {"BT": 16, "V": 20, "DOT_PRECISION": "tf32"})
+    assert narrow and all(c.kwargs["BV"] <= 32 for c in narrow)
+
+
+def test_bench_kernels_runs_end_to_end_in_smoke_mode(tmp_path):
+    """benchmarks/bench_kernels.py --smoke: every section on tiny shapes under the interpreter, its table written
+    with device and date, timing bars marked as reports, fla skipped with a note."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_kernels.py"), "--smoke", "--out", str(tmp_path)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (path,) = tmp_path.glob("targets_smoke_*.json")
+    data = json.loads(path.read_text())
+    assert data["smoke"] and data["date"] and "interpreter" in data["device"]
+    names = [t["target"] for t in data["targets"]]
+    for prefix in ("1 ", "2 ", "3 ", "4 ", "5 ", "6 ", "7 ", "8 ", "9 ", "exact:"):
+        assert any(n.startswith(prefix) for n in names), prefix
+    timed = [t for t in data["targets"] if t["unit"] == "us" and t["target"][0] in "1234569"]
+    assert timed and all(t["bar"].startswith("report") for t in timed)
+    exact = [t for t in data["targets"] if t["target"].startswith("exact:") and not t["bar"].startswith("report")]
+    assert len(exact) == 3 and all(t["ok"] for t in exact)
+    assert any("fla rows skipped" in n for n in data["notes"])
+    assert (tmp_path / path.name.replace(".json", ".txt")).read_text().startswith("CPU (Triton interpreter")
+
+
+@pytest.mark.parametrize("kernel,T", [("chain", 4), ("wy", 7)])
+def test_state_indices_read_and_write_pool_slots(kernel, T):
+    """A serving engine's pool: request b's state and pending stash live in slot state_indices[b] of pools whose
+    slot stride is not the row size. The result equals gathering those slots, running the plain call and
+    scattering back; slots nobody names are not touched."""
+    gen = torch.Generator().manual_seed(5)
+    B, H, HV, K, V, slots_total = 3, 2, 4, 8, 6, 6
+    parents = DraftTree.chain(T - 1).parents if kernel == "chain" else random_tree(T, gen).parents
+    par = parents.to(DEVICE, torch.int32)
+    slots = torch.tensor([4, 1, 3], device=DEVICE, dtype=torch.int32)
+    pool = (torch.randn(slots_total, HV + 1, V, K, generator=gen) * 0.3).to(DEVICE)[:, :HV]   # slot stride padded
+    stash = [torch.randn(slots_total, T + 2, *s, generator=gen).to(DEVICE)[:, :T] for s in ((HV, V), (H, K), (HV,))]
+    stash[2] = -stash[2].abs() / 4
+    acc = torch.tensor([2, -1, 0], device=DEVICE, dtype=torch.int32)
+    q, k, v, g, beta = window(B, T, H, HV, K, V, gen)
+    ref_state = pool[slots.long()].clone()
+    gathered = PendingCommit(*(x[slots.long()] for x in stash), par, acc, use_qk_l2norm_in_kernel=True)
+    o_ref, u_ref = tree_verify_fwd(q, k, v, g, beta, ref_state, par, 0, K ** -0.5, True, pending=gathered,
+                                   kernel=kernel, chain=kernel == "chain")
+    before = pool.clone()
+    pooled = PendingCommit(*stash, par, acc, use_qk_l2norm_in_kernel=True)
+    o, u = tree_verify_fwd(q, k, v, g, beta, pool, par, 0, K ** -0.5, True, pending=pooled, kernel=kernel,
+                           chain=kernel == "chain", state_indices=slots)
+    assert rel(o, o_ref) < 1e-6 and rel(u, u_ref) < 1e-6
+    assert torch.equal(pool[slots.long()], ref_state)
+    others = [i for i in range(slots_total) if i not in slots.tolist()]
+    assert torch.equal(pool[others], before[others])

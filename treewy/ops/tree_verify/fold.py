@@ -1,0 +1,93 @@
+"""The pending commit folded into a state tile, written once for every verify kernel.
+
+The previous window's accepted node a gives S_a = exp(G_a) S0 + sum over the root..a path of
+exp(G_a - G_i) u_i k_i^T (``treewy.ops.naive_flush``). A kernel that verifies from a state tile first
+finds the path (``_pending_path``, in registers: the pending parents are loaded once), then folds the
+path's rank-one updates into each [BV, BK] (or transposed [BK, BV]) tile it reads, in exact fp32 FMAs,
+FOLD_ROWS rows per pass so that their loads are issued together, writes the tile back and verifies
+from exactly what it stored.
+"""
+
+from __future__ import annotations
+
+from treewy.ops import _triton  # noqa: F401  (sets TRITON_INTERPRET before any kernel is defined)
+
+import triton
+import triton.language as tl
+
+from treewy.ops.tree_verify.common import _gather
+
+#: Path rows folded per pass of the fold loop: their u and k rows are loaded together (independent
+#: loads), and a path of d + 1 rows takes ceil((d + 1) / FOLD_ROWS) passes. 4 covers every depth-3 tree.
+FOLD_ROWS = 4
+
+
+@triton.jit
+def _request_bases(i_b, i_b64, h0, pu, pk, pg, ppar, pacc, state_idx, stride_hb, stride_pu, stride_pk, stride_pg,
+                   stride_ppb, HAS_STATE_INDICES: tl.constexpr):
+    """Request i_b's state and pending-commit pointers, as row 0 of what the helpers below index: its pool
+    slot state_idx[i_b] when given (a serving engine's pool: state and pending stash live there), else
+    row i_b."""
+    i_s = tl.load(state_idx + i_b).to(tl.int64) if HAS_STATE_INDICES else i_b64
+    return (h0 + i_s * stride_hb, pu + i_s * stride_pu, pk + i_s * stride_pk, pg + i_s * stride_pg,
+            ppar + i_b64 * stride_ppb, pacc + i_b)
+
+
+@triton.jit
+def _pending_path(i_b, i_b64, i_hv, pg, ppar, pacc, stride_ppb, PT, HV: tl.constexpr, BPT: tl.constexpr):
+    """The pending accepted node and its root..a path over the BPT slots of the previous window:
+    (a, slot offsets, each slot's rank on the path from the root (-1 off the path), path length, G_a,
+    weights exp(G_a - G_i) [BPT], 0 off the path). a = -1: nothing pending (empty path, G_a = 0)."""
+    a = tl.load(pacc + i_b)
+    o_p = tl.arange(0, BPT)
+    b_par = tl.load(ppar + i_b64 * stride_ppb + o_p, mask=o_p < PT, other=-1)
+    on = o_p < 0
+    cur = a
+    while cur >= 0:
+        on = on | (o_p == cur)
+        cur = _gather(b_par, o_p, cur)
+    b_gp = tl.load(pg + (i_b64 * PT + o_p) * HV + i_hv, mask=on, other=0).to(tl.float32)
+    b_C = tl.sum(b_gp, 0)
+    b_w = tl.where(on, tl.exp(b_C - tl.cumsum(b_gp, 0)), 0.0)
+    rank = tl.where(on, tl.cumsum(on.to(tl.int32), 0) - 1, -1)
+    return a, o_p, rank, tl.sum(on.to(tl.int32), 0), b_C, b_w
+
+
+@triton.jit
+def _pending_key_scale(i_b64, i_h, pk, o_p, rank, PT, H: tl.constexpr, K: tl.constexpr, BPT: tl.constexpr,
+                       PENDING_L2NORM: tl.constexpr):
+    """1 / ||k_i|| for the path's keys when they are normalized in the kernel, else ones [BPT]."""
+    b_n = tl.zeros([BPT], dtype=tl.float32)
+    if PENDING_L2NORM:
+        BKN: tl.constexpr = 32
+        on = rank >= 0
+        for i_k in range(0, tl.cdiv(K, BKN)):
+            o_k = i_k * BKN + tl.arange(0, BKN)
+            b_k = tl.load(pk + ((i_b64 * PT + o_p[:, None]) * H + i_h) * K + o_k[None, :],
+                          mask=on[:, None] & (o_k < K)[None, :], other=0).to(tl.float32)
+            b_n += tl.sum(b_k * b_k, 1)
+        return 1.0 / tl.sqrt(b_n + 1e-6)
+    return b_n + 1.0
+
+
+@triton.jit
+def _fold_tile(b_h, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, o_p, rank, n_path, b_C, b_w, PT,
+               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, FOLD_ROWS: tl.constexpr,
+               TRANSPOSED: tl.constexpr):
+    """exp(G_a) S0 + sum over the path of w_i u_i k_i^T on a state tile: [BV, BK] (o_v, o_k), or [BK, BV]
+    with TRANSPOSED. b_w holds exp(G_a - G_i) / ||k_i|| per slot."""
+    b_h = b_h * tl.exp(b_C)
+    for j0 in range(0, n_path, FOLD_ROWS):
+        for jj in tl.static_range(FOLD_ROWS):
+            sel = rank == j0 + jj
+            row = i_b64 * PT + tl.sum(tl.where(sel, o_p, 0), 0)
+            b_u = tl.load(pu + (row * HV + i_hv) * V + o_v, mask=m_v & (o_v * 0 + j0 + jj < n_path),
+                          other=0).to(tl.float32)
+            b_k = tl.load(pk + (row * H + i_h) * K + o_k, mask=m_k & (o_k * 0 + j0 + jj < n_path),
+                          other=0).to(tl.float32)
+            b_u = b_u * tl.sum(tl.where(sel, b_w, 0.0), 0)
+            if TRANSPOSED:
+                b_h += b_k[:, None] * b_u[None, :]
+            else:
+                b_h += b_u[:, None] * b_k[None, :]
+    return b_h

@@ -1,0 +1,88 @@
+"""Launch plumbing shared by the kernel families: autotune keys bucketed by batch size, the dot-product
+precision (and the environment variable that forces exact fp32), and the pending commit's launch arguments."""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import torch
+import triton
+
+from treewy.ops._triton import INTERPRET
+
+#: Environment variable that forces the dot-product precision of the tensor-core kernels: "ieee" runs the
+#: exact fp32 path of GPUs without tf32 (sm_75, the T4) on any GPU; "tf32" the default of sm_80 and later.
+PRECISION_ENV = "TREEWY_DOT_PRECISION"
+
+#: "tf32": tensor cores, products that feed the committed state (S k, (I + M)^-1 R, K K^T) split into
+#: hi + lo tf32 parts (fp32-level error), output-only products (S q, P U, Q K^T) in one tf32 pass.
+#: "ieee": exact fp32 products everywhere (no tf32). "tf32_plain": one tf32 pass everywhere, for the record
+#: (the committed state drifts; benchmarks/NOTES.md).
+DOT_PRECISIONS = ("tf32", "ieee", "tf32_plain")
+
+#: Autotune key: shapes, flags and the batch bucket (not B itself: one tuning per bucket, not per batch size).
+KEY = ["B_BUCKET", "BT", "BPT", "H", "HV", "K", "V", "USE_QK_L2NORM_IN_KERNEL", "HAS_NUM_NODES", "HAS_PENDING",
+       "HAS_STATE_INDICES"]
+#: The same for kernels with dot products: their precision flags too.
+KEY_DOTS = KEY + ["DOT_PRECISION", "SPLIT", "K_TF32"]
+
+
+def _quick_bench(fn, quantiles=None):
+    return triton.testing.do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
+
+
+_AUTOTUNE_PARAMS = inspect.signature(triton.autotune).parameters
+# quick timing per config; best configs cached on disk across processes where Triton can
+AUTOTUNE_EXTRA = {**({"do_bench": _quick_bench} if "do_bench" in _AUTOTUNE_PARAMS else {}),
+                  **({"cache_results": True} if "cache_results" in _AUTOTUNE_PARAMS else {})}
+
+
+def batch_bucket(B: int) -> int:
+    """The autotune bucket of a batch size: the next power of 4 (1, 4, 16, 64, 256, 1024), at most 1024."""
+    bucket = 1
+    while bucket < B and bucket < 1024:
+        bucket *= 4
+    return bucket
+
+
+def fit_v(configs, named_args, **kwargs):
+    """Configs whose value tile is no wider than V (rounded up to a power of two, at least 16)."""
+    V = {**named_args, **kwargs}["V"]
+    return [c for c in configs if c.kwargs["BV"] <= max(16, triton.next_power_of_2(V))] or configs[:1]
+
+
+def default_dot_precision(device) -> str:
+    """The dot-product precision for kernels on ``device``: $TREEWY_DOT_PRECISION when set, else "tf32" on
+    GPUs with tf32 (compute capability 8.0 and later), "ieee" before (sm_75) and under the interpreter."""
+    env = os.environ.get(PRECISION_ENV, "").strip().lower()
+    if env:
+        if env not in DOT_PRECISIONS:
+            raise ValueError(f"{PRECISION_ENV} = {env!r}: expected one of {DOT_PRECISIONS} (unset it for the "
+                             "device's default)")
+        return env
+    device = torch.device(device)
+    if INTERPRET or device.type != "cuda":
+        return "ieee"
+    return "tf32" if torch.cuda.get_device_capability(device)[0] >= 8 else "ieee"
+
+
+def check_dot_precision(dot_precision: str | None, device) -> str:
+    """``dot_precision`` as given, or the device default; a ValueError names the choices."""
+    if dot_precision is None:
+        return default_dot_precision(device)
+    if dot_precision not in DOT_PRECISIONS:
+        raise ValueError(f"dot_precision = {dot_precision!r}: expected None (the device default) or one of "
+                         f"{DOT_PRECISIONS}")
+    return dot_precision
+
+
+def pending_args(pending, placeholder):
+    """(u, k, g, parents, accepted, PT, parents batch stride, keys normalized in kernel, (u, k, g) batch
+    strides) of a validated PendingCommit, or placeholders (never read) when there is none."""
+    if pending is None:
+        return placeholder, placeholder, placeholder, placeholder, placeholder, 1, 0, False, (0, 0, 0)
+    ppar = pending.parents
+    PT = pending.u.shape[1]
+    return (pending.u, pending.k, pending.g, ppar, pending.accepted, PT, 0 if ppar.ndim == 1 else PT,
+            pending.use_qk_l2norm_in_kernel, (pending.u.stride(0), pending.k.stride(0), pending.g.stride(0)))

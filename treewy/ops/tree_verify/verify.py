@@ -1,0 +1,115 @@
+"""TreeWY tree verify: every node's output and pseudo-value, no per-node state, with the previous step's
+commit optionally folded in (``pending``): launcher (``tree_verify_fwd``) and public function (``tree_verify``).
+
+Status: the kernel families' headers (``chain.py``, ``wy.py``). Per step and head one state read and one
+state write; at most two launches; no host sync and no host-side branching on device data, so a step
+captures into a CUDA graph and replays what an eager call runs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from treewy.ops._triton import is_capturing
+from treewy.ops.checks import check_gdn_kernel_inputs, check_pending
+from treewy.ops.tree_verify.chain import chain_fwd, tree_verify_chain_kernel
+from treewy.ops.tree_verify.common import MAX_KERNEL_NODES
+from treewy.ops.tree_verify.select import KERNELS, select_kernel
+from treewy.ops.tree_verify.tuning import check_dot_precision
+from treewy.ops.tree_verify.wy import wy_fwd, wy_prepare_kernel, wy_stream_kernel
+from treewy.tree import DraftTree
+
+#: The kernels behind each family name (launch order), for profilers and the offline compiler.
+KERNEL_FNS = {"chain": (tree_verify_chain_kernel,), "wy": (wy_prepare_kernel, wy_stream_kernel)}
+
+
+def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, use_qk_l2norm_in_kernel=False,
+                    num_nodes=None, dot_precision=None, pending=None, kernel=None, config=None, chain=False,
+                    state_indices=None):
+    """Launcher: inputs already validated; parents int32 on the inputs' device. Returns (o, u fp32).
+
+    ``pending``: a PendingCommit whose parents and accepted are int32 device tensors (validated), or None;
+    ``initial_state`` is then updated in place. ``chain``: the window is a chain (parents[t] = t - 1, not
+    checked here); with ``kernel`` None the family is ``select_kernel(T, B, chain)``. ``kernel``: "chain"
+    or "wy" to force one. ``dot_precision``: None (the device default, see tuning.default_dot_precision),
+    "tf32", "ieee" or "tf32_plain". ``config``: a ``triton.Config`` of the tuned kernel (the stream kernel
+    for "wy") to launch instead of the autotuned one. ``state_indices``: None (request b's state is
+    ``initial_state[b]``, its pending u / k / g row b) or int32 [B] on the device: ``initial_state`` and the
+    pending u / k / g are pools of slots (any slot stride, each slot contiguous) and request b's live in
+    slot ``state_indices[b]`` (a serving engine's state pool; distinct slots).
+    """
+    if kernel is not None and kernel not in KERNELS:
+        raise ValueError(f"kernel = {kernel!r}: expected None or one of {KERNELS}")
+    B, T = q.shape[:2]
+    kernel = kernel or select_kernel(T, B, chain)
+    o = torch.empty_like(v)
+    u = torch.empty(v.shape, device=v.device, dtype=torch.float32)
+    if kernel == "chain":
+        return chain_fwd(q, k, v, g, beta, initial_state, num_nodes, pending, scale, use_qk_l2norm_in_kernel, o, u,
+                         config=config, state_indices=state_indices)
+    return wy_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, num_nodes, pending, scale,
+                  use_qk_l2norm_in_kernel, o, u, check_dot_precision(dot_precision, v.device), config=config,
+                  state_indices=state_indices)
+
+
+def _window_is_chain(parents, par: torch.Tensor, T: int, capturing: bool) -> bool | None:
+    """Whether every request's window is a chain, from host data where there is some (a DraftTree, a list,
+    a CPU tensor), else from the device tensor (one sync); None inside capture with a device tensor."""
+    if isinstance(parents, DraftTree):
+        return parents.max_depth == T - 1
+    host = parents if isinstance(parents, torch.Tensor) and parents.device.type == "cpu" else None
+    if host is None and not isinstance(parents, torch.Tensor):
+        host = torch.as_tensor(parents)
+    if host is None:
+        if capturing:
+            return None
+        host = par
+    return bool((host == torch.arange(-1, T - 1, device=host.device, dtype=host.dtype)).all())
+
+
+def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2norm_in_kernel=False,
+                num_nodes=None, pending=None, kernel=None, chain=None, dot_precision=None):
+    """Outputs and pseudo-values of every tree node (kernel twin of ``naive_tree_verify``).
+
+    q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] (bf16 or fp32); initial_state [B, HV, V, K]
+    (fp32 or bf16; any batch stride); parents a DraftTree, [T] or [B, T]; num_nodes optional int [B]:
+    request b uses nodes 0..num_nodes[b] - 1 (0 = inactive slot), the rest of its o and u is written as
+    zeros. Returns o [B, T, HV, V] in v's dtype and u [B, T, HV, V] fp32.
+
+    pending: a ``PendingCommit`` of the previous window (kernel twin of ``naive_tree_step``): the state is
+    first overwritten in place with each request's pending accepted state (rows with accepted = -1 are
+    left as they are), then the window is verified from it. The next step's pending commit is
+    ``PendingCommit(u, k, g, parents, accepted)`` of this window.
+
+    kernel: None (``select_kernel``), "chain" (chains only) or "wy". chain: None finds it from ``parents``
+    (host data, or the device tensor outside capture); inside a CUDA-graph capture pass it (True / False) so
+    the capture picks the kernel an eager call picks. dot_precision: see ``tree_verify_fwd``.
+
+    While a CUDA graph is being captured only metadata is checked: pass int32 device tensors validated
+    beforehand.
+    """
+    capturing = is_capturing()
+    values = not capturing
+    dims, par, stride_pb, nn = check_gdn_kernel_inputs(q, k, v, g, beta, initial_state, parents, num_nodes,
+                                                       max_nodes=MAX_KERNEL_NODES, values=values)
+    if pending is not None:
+        pending = check_pending(pending, initial_state, dims, max_nodes=MAX_KERNEL_NODES, values=values)
+    if kernel is not None and kernel not in KERNELS:
+        raise ValueError(f"kernel = {kernel!r}: expected None or one of {KERNELS}")
+    dot_precision = check_dot_precision(dot_precision, q.device)
+    if chain is None:
+        chain = _window_is_chain(parents, par, dims.T, capturing)
+        if chain is None and kernel is None:
+            raise ValueError("chain = None inside a CUDA-graph capture with device-tensor parents: the kernel "
+                             "choice cannot read them there; pass chain=True or chain=False (as the eager call "
+                             "finds it), or kernel=")
+        chain = chain if chain is not None else kernel == "chain"
+    elif values and chain and not _window_is_chain(parents, par, dims.T, False):
+        raise ValueError("chain = True but the window is not a chain (parents[t] = t - 1 for every t); pass "
+                         "chain=None to detect it")
+    if kernel == "chain" and not chain:
+        raise ValueError("kernel='chain' needs every request's window to be a chain (parents[t] = t - 1); "
+                         "leave kernel=None for trees")
+    scale = dims.K ** -0.5 if scale is None else float(scale)
+    return tree_verify_fwd(q, k, v, g, beta, initial_state, par, stride_pb, scale, use_qk_l2norm_in_kernel, nn,
+                           dot_precision=dot_precision, pending=pending, kernel=kernel, chain=bool(chain))
