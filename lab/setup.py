@@ -9,10 +9,13 @@ import ipywidgets as w
 from IPython.display import display
 
 from treewy.env import describe
+from treewy.results import checkout_dirs, search_dirs
 
-#: Where committed benchmark results and `treewy bench-serve` tables live (a source checkout).
-REPO = Path(__file__).resolve().parent.parent
-RESULTS_DIRS = (REPO / "benchmarks" / "results", REPO / "results")
+#: Where measured tables are read from: the package's data, then (in a source checkout) benchmarks/results/
+#: and results/, where `treewy bench-serve` writes.
+RESULTS_DIRS = search_dirs()
+#: Where `treewy bench-serve` writes its tables: results/ of the checkout, else ./results.
+USER_RESULTS = checkout_dirs()[1] if checkout_dirs() else Path("results")
 
 #: SVG (inspectable in the DOM, crisp when zoomed) and no action menu (its links leave the machine).
 EMBED_OPTIONS = {"renderer": "svg", "actions": False}
