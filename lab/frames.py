@@ -76,6 +76,18 @@ def serving_curves_frame(df: pl.DataFrame, source: str) -> pl.DataFrame:
             .with_columns(source=pl.lit(source)))
 
 
+def measured_matching(measured: pl.DataFrame, *, model: str, gpu: str, tp: int, gmu: float, tree: str,
+                      workload: str) -> pl.DataFrame:
+    """The good measured serving rows of exactly one configuration: the same model preset, GPU (``gpu`` is a
+    simulator key such as "h200", matched as a word of the measured device name, "NVIDIA H200"), TP, memory
+    budget (to 0.005), tree and workload. Failed points (failed > 0 or an error) are left out."""
+    gpu_words = pl.col("gpu").str.to_lowercase().str.replace_all("-", " ").str.split(" ")
+    return measured.filter(
+        (pl.col("model") == model) & gpu_words.list.contains(gpu.lower()) & (pl.col("tp") == tp)
+        & ((pl.col("gmu") - gmu).abs() < 0.005) & (pl.col("tree") == tree) & (pl.col("workload") == workload)
+        & (pl.col("failed").fill_null(0) == 0) & pl.col("error").is_null())
+
+
 def ratios_frame(ratios: pl.DataFrame, source: str) -> pl.DataFrame:
     """Long (concurrency, metric, ratio, source) from treewy.sim.ratio_table's wide frame."""
     return ratios.unpivot(index="concurrency", variable_name="metric", value_name="ratio").with_columns(
@@ -106,7 +118,7 @@ def kernel_results_frame(path=None, fastest: bool = True) -> pl.DataFrame:
     df = pl.DataFrame(rows, infer_schema_length=None)
     if "kernel" not in df.columns:
         df = df.with_columns(kernel=pl.lit(None, pl.String))
-    return df.with_columns(source=pl.lit(f"{table['device']}, {table['date']} (measured, {table['name']})"))
+    return df.with_columns(source=pl.lit(f"{table['device']}, {table['date']} (measured)"))
 
 
 def _newest_targets(newest_targets):
@@ -132,7 +144,7 @@ def kernel_targets_frame(path=None) -> pl.DataFrame:
     data = json.loads(path.read_text())
     rows = [dict(target=t["target"], measured=float(t["measured"]), unit=t["unit"], bar=t["bar"],
                  result=target_result(t)) for t in data["targets"]]
-    return pl.DataFrame(rows).with_columns(source=pl.lit(f"{data['device']}, {data['date']} (measured, {path.name})"))
+    return pl.DataFrame(rows).with_columns(source=pl.lit(f"{data['device']}, {data['date']} (measured)"))
 
 
 def acceptance_frame(sweep: pl.DataFrame, source: str) -> pl.DataFrame:
