@@ -72,3 +72,13 @@ def test_serving_chart_says_which_kernel_table_priced_the_step():
 
     texts = " ".join(re.findall(r">([^<]+)</text>", svg_of(CHARTS["serving panel: curves"])))
     assert f"measured in {newest_targets().name}" in texts
+
+
+def test_full_table_shows_every_row_and_whole_names():
+    from lab.frames import kernel_targets_frame
+    from lab.tables import full_table
+
+    df = kernel_targets_frame()
+    html = full_table(df).data
+    assert df.height > 10 and html.count("<tr>") == df.height + 1       # polars alone stops at ten rows
+    assert all(target.replace("<", "&lt;") in html for target in df["target"])

@@ -6,7 +6,9 @@ whatever was imported first; the kernel modules set ``TRITON_INTERPRET=1`` on a 
 (unless the variable is already set), so the kernels run on CPU tensors there.
 """
 
+import sys
 from importlib import import_module
+from types import ModuleType
 
 from treewy.ops.naive import naive_tree_commit, naive_tree_recurrent, naive_tree_verify, path_cumsum
 from treewy.ops.naive_conv import naive_tree_conv1d, naive_tree_conv1d_commit
@@ -21,6 +23,19 @@ _KERNELS = {
     "MAX_KERNEL_NODES": "tree_verify",
     "tree_verify": "tree_verify",
 }
+
+
+class _Ops(ModuleType):
+    """``treewy.ops.tree_verify`` and ``treewy.ops.tree_commit`` stay the functions even after their modules of the
+    same name are imported (the import system would set the package attribute to the module)."""
+
+    def __setattr__(self, name, value):
+        if _KERNELS.get(name) == name and isinstance(value, ModuleType):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Ops
 
 
 def __getattr__(name: str):
