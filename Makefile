@@ -25,15 +25,17 @@ endif
 	$(PIP) install -q -e ".[$(EXTRAS)]"
 	touch $@
 
-# Run All must not dirty the checkout: notebooks/*.ipynb pass through tools/nbstrip.py (.gitattributes) on their
-# way into git, which drops outputs and run-time metadata.
+# Outputs never reach git: notebooks/*.ipynb pass through tools/nbstrip.py (.gitattributes) on their way in, from
+# any editor; `make lab` also saves them stripped, so that even `git status` stays clean after Run All.
 notebook-filter:
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
 	  git config filter.nbstrip.clean "python3 tools/nbstrip.py"; fi
 
-# The whole checkout in the file browser (READMEs and results next to the notebooks); 00 opens first.
+# The whole checkout in the file browser (READMEs and results next to the notebooks); 00 opens first; notebooks are
+# saved without their outputs (tools/jupyter_lab_config.py).
 lab: setup
 	TREEWY_DEVICE=$${TREEWY_DEVICE:-cpu} $(VENV)/bin/jupyter lab --ip 127.0.0.1 --ServerApp.root_dir=. \
+	  --config=tools/jupyter_lab_config.py \
 	  $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS) notebooks/00_start_here.ipynb
 
 test: setup

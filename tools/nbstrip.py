@@ -16,9 +16,12 @@ import sys
 
 def strip(nb: dict) -> dict:
     """The notebook without run-time state: no outputs or execution counts, cell metadata reduced to tags,
-    notebook metadata reduced to the kernel spec and the language name."""
+    notebook metadata reduced to the kernel spec (the python3 kernel under one display name, whatever the
+    front end calls it) and the language name."""
     meta = nb.get("metadata", {})
     kept = {k: meta[k] for k in ("kernelspec",) if k in meta}
+    if kept.get("kernelspec", {}).get("name") == "python3":
+        kept["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
     if "language_info" in meta:
         kept["language_info"] = {"name": meta["language_info"].get("name", "python")}
     nb["metadata"] = kept
