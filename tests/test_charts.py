@@ -80,5 +80,5 @@ def test_full_table_shows_every_row_and_whole_names():
 
     df = kernel_targets_frame()
     html = full_table(df).data
-    assert df.height > 10 and html.count("<tr>") == df.height + 1       # polars alone stops at ten rows
+    assert df.height > 10 and html.split("<tbody>")[1].count("<tr>") == df.height   # polars alone stops at ten rows
     assert all(target.replace("<", "&lt;") in html for target in df["target"])

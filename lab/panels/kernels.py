@@ -52,8 +52,9 @@ class ParityPanel(Panel):
         tree = _tree(v["tree"])
         where = "GPU" if self.on_gpu else "CPU, Triton interpreter"
         self.status.value = f"running on {where}…"
+        self.ran_on = "cuda" if self.on_gpu else "cpu"
         rows = self.cached(tuple(v.values()), lambda: node_errors(tree, B=v["batch"], H=H, HV=H * v["gva"], K=K, V=K,
-                                                                  dtype=getattr(torch, v["dtype"])))
+                                                                  dtype=getattr(torch, v["dtype"]), device=self.ran_on))
         self.frames["errors"] = node_errors_frame(rows)
         self.show_chart("errors", node_errors_chart(
             self.frames["errors"], f"{v['tree']}: B = {v['batch']}, H = {H}, HV = {H * v['gva']}, K = V = {K}, "
