@@ -7,6 +7,7 @@ with a progress line, so the first cell of a notebook never sits silent for seco
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import time
 from pathlib import Path
 
@@ -46,10 +47,14 @@ def setup(banner: bool = True) -> dict:
 
     from treewy.env import describe
 
-    alt.JupyterChart.enable_offline()
-    alt.renderers.enable("jupyter", offline=True, embed_options=EMBED_OPTIONS)  # inline charts: offline too
+    offline = importlib.util.find_spec("vl_convert") is not None   # it bundles Vega's JavaScript for offline use
+    if offline:
+        alt.JupyterChart.enable_offline()
+    alt.renderers.enable("jupyter", offline=offline, embed_options=EMBED_OPTIONS)  # inline charts: offline too
     alt.theme.register("lab", enable=True)(_theme)
     info = describe()
+    if not offline:
+        info["features"]["offline charts"] = "no: vl-convert-python is not installed, so charts load Vega from the internet"
     if line is not None:
         line.update(environment_banner(info, time.perf_counter() - t0))
     return info
@@ -65,4 +70,5 @@ def environment_banner(info: dict, seconds: float | None = None):
 
     versions = " · ".join(f"{k} {v}" for k, v in info["versions"].items() if v)
     took = f" · loaded in {seconds:.1f} s" if seconds is not None else ""
-    return w.HTML(f"<b>TreeWY lab</b> on <b>{info['device']}</b> — {versions}{took}")
+    note = f"<br>offline charts: {info['features']['offline charts']}" if "offline charts" in info["features"] else ""
+    return w.HTML(f"<b>TreeWY lab</b> on <b>{info['device']}</b> — {versions}{took}{note}")

@@ -64,3 +64,12 @@ def test_top_level_names():
                      "print(DraftTree.chain(3).num_drafts, callable(generate), callable(load))\n"
                      "try:\n    treewy.nope\nexcept AttributeError as e:\n    print(e)", hide_triton=False)
     assert out.splitlines()[-2:] == ["3 True True", "module 'treewy' has no attribute 'nope'"]
+
+
+def test_lab_sets_up_without_vl_convert():
+    """The GPU machine carries no vl-convert (a large wheel): the lab still starts; the banner says charts go online."""
+    out = run_python("import sys\nsys.modules['vl_convert'] = None\nimport lab\ninfo = lab.setup(banner=False)\n"
+                     "print(info['features']['offline charts'])\nfrom lab.panels import TreePanel\n"
+                     "print(TreePanel(widths=(2,)).error)", hide_triton=False)
+    lines = [line.replace("\x1b[2K", "") for line in out.splitlines()]
+    assert "no: vl-convert-python is not installed, so charts load Vega from the internet" in lines and "None" in lines
