@@ -2,22 +2,41 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-# CPU build of torch where no NVIDIA GPU is present; the default (CUDA) build otherwise.
-TORCH  ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
+TORCH_VERSION ?= 2.13.0
+# Where no NVIDIA GPU is present, torch's CPU build from PyTorch's own index (the plain index would bring the CUDA
+# build and ~20 NVIDIA wheels on Linux); if that index cannot be reached within seconds, the plain index.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 EXTRAS ?= lab,hf,test
+LAB_ARGS ?=
 
-.PHONY: setup lab test
-setup: $(VENV)/.installed
+.PHONY: setup lab test notebook-filter
+setup: $(VENV)/.installed notebook-filter
 
 $(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH)"
+ifeq ($(HAS_GPU),yes)
+	$(PIP) install -q torch
+else
+	$(PIP) install -q --timeout 5 --retries 0 --index-url $(TORCH_CPU_INDEX) "torch==$(TORCH_VERSION)" \
+	  || $(PIP) install -q "torch==$(TORCH_VERSION)"
+endif
 	$(PIP) install -q -e ".[$(EXTRAS)]"
 	touch $@
 
+# Outputs never reach git: notebooks/*.ipynb pass through tools/nbstrip.py (.gitattributes) on their way in, from
+# any editor; `make lab` also saves them stripped, so that even `git status` stays clean after Run All.
+notebook-filter:
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+	  git config filter.nbstrip.clean "python3 tools/nbstrip.py"; fi
+
+# The whole checkout in the file browser (READMEs and results next to the notebooks); 00 opens first; notebooks are
+# saved without their outputs (tools/jupyter_lab_config.py).
 lab: setup
-	TREEWY_DEVICE=$${TREEWY_DEVICE:-cpu} $(VENV)/bin/jupyter lab --ip 127.0.0.1 --notebook-dir notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
+	TREEWY_DEVICE=$${TREEWY_DEVICE:-cpu} $(VENV)/bin/jupyter lab --ip 127.0.0.1 --ServerApp.root_dir=. \
+	  --config=tools/jupyter_lab_config.py \
+	  $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS) notebooks/00_start_here.ipynb
 
 test: setup
 	$(PY) -m pytest -q

@@ -6,6 +6,11 @@ import altair as alt
 import polars as pl
 
 MODE_COLORS = alt.Scale(domain=["store_all", "reconstruct"], range=["#d95f02", "#1b9e77"])
+#: Commit modes in prose: the data keeps the code identifiers, legends and axes say "store-all" and "TreeWY".
+MODE_NAMES = {"store_all": "store-all", "reconstruct": "TreeWY"}
+MODE_LABELS = "datum.label == 'reconstruct' ? 'TreeWY' : datum.label == 'store_all' ? 'store-all' : datum.label"
+#: No chart is wider than this (px): JupyterLab's output area on a laptop screen with the file browser open.
+MAX_WIDTH = 760
 
 
 def tree_chart(nodes: pl.DataFrame, edges: pl.DataFrame, title: str = "draft tree") -> alt.LayerChart:
@@ -19,7 +24,7 @@ def tree_chart(nodes: pl.DataFrame, edges: pl.DataFrame, title: str = "draft tre
         color=alt.Color("kind:N", scale=alt.Scale(domain=["root", "draft"], range=["#444", "#1b9e77"]), legend=None),
         tooltip=["node:Q", "parent:Q", "depth:Q"])
     labels = alt.Chart(nodes).mark_text(color="white", fontSize=9).encode(x="x:Q", y=y, text="node:Q")
-    return (rules + dots + labels).properties(width=min(width, 720), height=60 * (nodes["depth"].max() + 1),
+    return (rules + dots + labels).properties(width=min(width, MAX_WIDTH - 60), height=60 * (nodes["depth"].max() + 1),
                                               title=title)
 
 
@@ -53,7 +58,8 @@ def vectors_chart(vectors: pl.DataFrame, title: str) -> alt.Chart:
 
 
 def blocks_chart(blocks: pl.DataFrame, title: str = "GDN state blocks per request per layer") -> alt.LayerChart:
-    base = alt.Chart(blocks).encode(y=alt.Y("mode:N", title=None, sort=["store_all", "reconstruct"]),
+    base = alt.Chart(blocks).encode(y=alt.Y("mode:N", title=None, sort=["store_all", "reconstruct"],
+                                            axis=alt.Axis(labelExpr=MODE_LABELS)),
                                     x=alt.X("blocks:Q", title="state blocks"))
     bars = base.mark_bar().encode(color=alt.Color("mode:N", scale=MODE_COLORS, legend=None))
     text = base.mark_text(align="left", dx=4).encode(text="blocks:Q")
@@ -62,7 +68,8 @@ def blocks_chart(blocks: pl.DataFrame, title: str = "GDN state blocks per reques
 
 def blocks_vs_n_chart(costs: pl.DataFrame, title: str = "state blocks per request per GDN layer") -> alt.LayerChart:
     base = alt.Chart(costs).encode(x=alt.X("N:Q", title="draft nodes N"), y=alt.Y("blocks:Q", title="state blocks"),
-                                   color=alt.Color("mode:N", scale=MODE_COLORS, title=None))
+                                   color=alt.Color("mode:N", scale=MODE_COLORS, title=None,
+                                                   legend=alt.Legend(labelExpr=MODE_LABELS)))
     return (base.mark_line() + base.mark_point(filled=True).encode(tooltip=["shape:N", "N:Q", "mode:N", "blocks:Q"])
             ).properties(width=320, height=200, title=title)
 
@@ -71,38 +78,42 @@ SERVING_METRICS = {"peak_kv_usage": "peak KV-pool usage", "peak_running": "admit
                    "output_throughput": "output throughput (tok/s)", "p99_ttft_ms": "p99 TTFT (ms)"}
 
 
-def serving_curves_chart(curves: pl.DataFrame, knee: int | None, title: str) -> alt.VConcatChart:
-    """Four panels against offered concurrency, one line per (mode, source); the knee as a rule.
+def serving_curves_chart(curves: pl.DataFrame, knee: int | None, title: str, note: str = "") -> alt.VConcatChart:
+    """Four panels against offered concurrency, one line per (mode, source); the knee as a rule; legends below.
 
-    curves: long frame (concurrency, mode, source, metric, value); ``source`` says simulated or measured."""
+    curves: long frame (concurrency, mode, source, metric, value); ``source`` says simulated or measured;
+    ``note``: a line under the title (which kernel table priced the step)."""
     charts = []
     for metric, label in SERVING_METRICS.items():
         data = curves.filter(pl.col("metric") == metric)
         base = alt.Chart(data).encode(
             x=alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrent requests"),
             y=alt.Y("value:Q", title=label, scale=alt.Scale(type="log") if metric == "p99_ttft_ms" else alt.Scale()),
-            color=alt.Color("mode:N", scale=MODE_COLORS, title="mode"),
-            strokeDash=alt.StrokeDash("source:N", title="source"),
+            color=alt.Color("mode:N", scale=MODE_COLORS, title="mode",
+                            legend=alt.Legend(labelExpr=MODE_LABELS, orient="bottom")),
+            strokeDash=alt.StrokeDash("source:N", title="source", legend=alt.Legend(orient="bottom", labelLimit=0)),
             tooltip=["source:N", "mode:N", "concurrency:Q", alt.Tooltip("value:Q", format=",.3g")],
         )
         layer = base.mark_line() + base.mark_point(filled=True, size=40)
         if knee is not None:
             rule = alt.Chart(pl.DataFrame({"knee": [knee], "label": [f"store-all pool full at {knee}"]}))
             layer = layer + rule.mark_rule(color="#666", strokeDash=[2, 2]).encode(x="knee:Q", tooltip=["label:N"])
-        charts.append(layer.properties(width=300, height=170))
-    return alt.vconcat(alt.hconcat(*charts[:2]), alt.hconcat(*charts[2:])).properties(title=title)
+        charts.append(layer.properties(width=280, height=160))
+    return alt.vconcat(alt.hconcat(*charts[:2]), alt.hconcat(*charts[2:])).properties(
+        title=alt.Title(title, subtitle=[note] if note else []))
 
 
 def ratio_chart(ratios: pl.DataFrame, title: str) -> alt.FacetChart:
-    """TreeWY / store-all per metric and concurrency; ``source`` separates ours from the paper's."""
+    """TreeWY / store-all per metric and concurrency, three facets a row; ``source`` (legend below, never cut)
+    separates ours from the paper's."""
     line = alt.Chart().mark_line(point=True).encode(
         x=alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrent requests"),
-        y=alt.Y("ratio:Q", title="TreeWY / store-all (> 1 favours TreeWY)"),
-        color=alt.Color("source:N", title=None), tooltip=["source:N", "metric:N", "concurrency:Q",
-                                                          alt.Tooltip("ratio:Q", format=".2f")])
+        y=alt.Y("ratio:Q", title="TreeWY / store-all"),
+        color=alt.Color("source:N", title="> 1 favours TreeWY", legend=alt.Legend(orient="bottom", labelLimit=0)),
+        tooltip=["source:N", "metric:N", "concurrency:Q", alt.Tooltip("ratio:Q", format=".2f")])
     one = alt.Chart().mark_rule(color="#999").encode(y=alt.datum(1.0))
-    return alt.layer(line, one, data=ratios).properties(width=190, height=140).facet(
-        facet=alt.Facet("metric:N", title=None), columns=5).properties(title=title)
+    return alt.layer(line, one, data=ratios).properties(width=180, height=120).facet(
+        facet=alt.Facet("metric:N", title=None), columns=3).properties(title=title)
 
 
 PROVIDER_COLORS = alt.Scale(domain=["treewy", "store_all", "fla"], range=["#1b9e77", "#d95f02", "#7570b3"])
@@ -113,10 +124,10 @@ def node_errors_chart(errors: pl.DataFrame, title: str) -> alt.LayerChart:
     base = alt.Chart(errors).encode(x=alt.X("node:O", title="node"))
     points = base.mark_point(filled=True).encode(
         y=alt.Y("error:Q", scale=alt.Scale(type="log"), title="relative RMS error vs fp64"),
-        color=alt.Color("quantity:N", title=None),
+        color=alt.Color("quantity:N", title=None, legend=alt.Legend(orient="bottom")),
         tooltip=["node:O", "depth:Q", "quantity:N", alt.Tooltip("error:Q", format=".2e")])
     tol = base.mark_tick(color="#b00020", thickness=1).encode(y="tol:Q", tooltip=[alt.Tooltip("tol:Q", format=".1e")])
-    return (points + tol).properties(width=min(640, max(220, 16 * errors["node"].n_unique())), height=200,
+    return (points + tol).properties(width=min(MAX_WIDTH - 80, max(220, 16 * errors["node"].n_unique())), height=200,
                                      title=title)
 
 
@@ -137,9 +148,10 @@ def kernel_timing_chart(results: pl.DataFrame, title: str) -> alt.LayerChart:
     x = alt.X("tree:N", sort=order, title="draft tree")
     bars = alt.Chart(results).mark_point(filled=True, size=60).encode(
         x=x, y=alt.Y("us:Q", scale=alt.Scale(type="log"), title="µs per layer step"),
-        color=alt.Color("provider:N", scale=PROVIDER_COLORS),
-        tooltip=["provider:N", "tree:N", "B:Q", alt.Tooltip("us:Q", format=",.1f"), alt.Tooltip("gbps:Q", format=",.0f"),
-                 alt.Tooltip("roofline_us:Q", format=",.1f"), "fits:N"])
+        color=alt.Color("provider:N", scale=PROVIDER_COLORS, title=None,
+                        legend=alt.Legend(labelExpr=MODE_LABELS.replace("reconstruct", "treewy"))),
+        tooltip=["provider:N", "kernel:N", "tree:N", "B:Q", alt.Tooltip("us:Q", format=",.1f"),
+                 alt.Tooltip("gbps:Q", format=",.0f"), alt.Tooltip("roofline_us:Q", format=",.1f"), "fits:N"])
     roof = alt.Chart(results.filter(pl.col("provider") == "treewy")).mark_line(color="#444", strokeDash=[3, 3]).encode(
         x=x, y="roofline_us:Q", tooltip=[alt.Tooltip("roofline_us:Q", format=",.1f", title="roofline µs")])
     return (roof + bars).properties(width=520, height=240, title=title)

@@ -76,6 +76,18 @@ def serving_curves_frame(df: pl.DataFrame, source: str) -> pl.DataFrame:
             .with_columns(source=pl.lit(source)))
 
 
+def measured_matching(measured: pl.DataFrame, *, model: str, gpu: str, tp: int, gmu: float, tree: str,
+                      workload: str) -> pl.DataFrame:
+    """The good measured serving rows of exactly one configuration: the same model preset, GPU (``gpu`` is a
+    simulator key such as "h200", matched as a word of the measured device name, "NVIDIA H200"), TP, memory
+    budget (to 0.005), tree and workload. Failed points (failed > 0 or an error) are left out."""
+    gpu_words = pl.col("gpu").str.to_lowercase().str.replace_all("-", " ").str.split(" ")
+    return measured.filter(
+        (pl.col("model") == model) & gpu_words.list.contains(gpu.lower()) & (pl.col("tp") == tp)
+        & ((pl.col("gmu") - gmu).abs() < 0.005) & (pl.col("tree") == tree) & (pl.col("workload") == workload)
+        & (pl.col("failed").fill_null(0) == 0) & pl.col("error").is_null())
+
+
 def ratios_frame(ratios: pl.DataFrame, source: str) -> pl.DataFrame:
     """Long (concurrency, metric, ratio, source) from treewy.sim.ratio_table's wide frame."""
     return ratios.unpivot(index="concurrency", variable_name="metric", value_name="ratio").with_columns(
@@ -96,30 +108,40 @@ def node_errors_frame(rows: list[dict]) -> pl.DataFrame:
     ])
 
 
-def kernel_results_frame(path) -> pl.DataFrame:
-    """A kernels_<device>_<date>.json benchmark as a frame, each row labelled with its device and date."""
-    import json
+def kernel_results_frame(path=None, fastest: bool = True) -> pl.DataFrame:
+    """The timed cases of a kernel benchmark file (default: the newest targets table, ``treewy.results``), each row
+    labelled with its device and date; ``fastest``: one row per case, the fastest kernel measured for it."""
+    from treewy.results import fastest_rows, kernel_table, newest_targets
 
-    data = json.loads(open(path).read())
-    df = pl.DataFrame(data["rows"], infer_schema_length=None).filter(pl.col("us").is_not_null())
-    return df.with_columns(source=pl.lit(f"{data['device']}, {data['date']} (measured)"))
+    table = kernel_table(path or _newest_targets(newest_targets))
+    rows = fastest_rows(table["rows"]) if fastest else table["rows"]
+    df = pl.DataFrame(rows, infer_schema_length=None)
+    if "kernel" not in df.columns:
+        df = df.with_columns(kernel=pl.lit(None, pl.String))
+    return df.with_columns(source=pl.lit(f"{table['device']}, {table['date']} (measured)"))
+
+
+def _newest_targets(newest_targets):
+    from treewy.results import search_dirs
+
+    path = newest_targets()
+    if path is None:
+        raise FileNotFoundError(f"no targets_*.json in {[str(d) for d in search_dirs()]}: run "
+                                "benchmarks/bench_kernels.py on a GPU")
+    return path
 
 
 def kernel_targets_frame(path=None) -> pl.DataFrame:
-    """The kernel performance targets of a targets_<device>_<date>.json (benchmarks/bench_kernels.py; default:
-    the one committed in benchmarks/results/) as a frame: target, measured, unit, bar, result, source."""
+    """The kernel performance targets of a targets_<device>_<date>.json (benchmarks/bench_kernels.py; default: the
+    newest one, ``treewy.results``) as a frame: target, measured, unit, bar, result, source."""
     import json
     from pathlib import Path
 
     from treewy.ops.benchmark import target_result
-    from treewy.sim.cost import RESULTS_DIR
+    from treewy.results import newest_targets
 
-    if path is None:
-        found = sorted(RESULTS_DIR.glob("targets_*.json"))
-        if not found:
-            raise FileNotFoundError(f"no targets_*.json in {RESULTS_DIR}: run benchmarks/bench_kernels.py on a GPU")
-        path = found[-1]
-    data = json.loads(Path(path).read_text())
+    path = Path(path or _newest_targets(newest_targets))
+    data = json.loads(path.read_text())
     rows = [dict(target=t["target"], measured=float(t["measured"]), unit=t["unit"], bar=t["bar"],
                  result=target_result(t)) for t in data["targets"]]
     return pl.DataFrame(rows).with_columns(source=pl.lit(f"{data['device']}, {data['date']} (measured)"))

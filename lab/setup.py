@@ -1,40 +1,74 @@
-"""One call at the top of every notebook: offline charts, a theme and the environment banner."""
+"""One call at the top of every notebook: offline charts, a theme and the environment banner.
+
+Importing this module is instant; ``setup()`` loads the heavy libraries (torch, altair, polars, the panels)
+with a progress line, so the first cell of a notebook never sits silent for seconds.
+"""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import time
 from pathlib import Path
-
-import altair as alt
-import ipywidgets as w
-from IPython.display import display
-
-from treewy.env import describe
-
-#: Where committed benchmark results and `treewy bench-serve` tables live (a source checkout).
-REPO = Path(__file__).resolve().parent.parent
-RESULTS_DIRS = (REPO / "benchmarks" / "results", REPO / "results")
 
 #: SVG (inspectable in the DOM, crisp when zoomed) and no action menu (its links leave the machine).
 EMBED_OPTIONS = {"renderer": "svg", "actions": False}
 
+#: What ``setup()`` loads, in order, with what the progress line says meanwhile.
+_LOADS = (("torch", "torch"), ("treewy", "treewy"), ("polars", "polars"), ("altair", "altair (charts)"),
+          ("ipywidgets", "ipywidgets"), ("lab.panels", "the lab's panels"))
+
+
+def __getattr__(name: str):
+    """``RESULTS_DIRS``: where measured tables are read from (the package's data, then, in a source checkout,
+    benchmarks/results/ and results/); ``USER_RESULTS``: where ``treewy bench-serve`` writes (results/)."""
+    from treewy.results import checkout_dirs, search_dirs
+
+    if name == "RESULTS_DIRS":
+        return search_dirs()
+    if name == "USER_RESULTS":
+        return checkout_dirs()[1] if checkout_dirs() else Path("results")
+    raise AttributeError(f"module 'lab.setup' has no attribute {name!r}")
+
 
 def setup(banner: bool = True) -> dict:
-    """Render charts offline (nothing loads from the internet), set the theme, show what is live."""
-    alt.JupyterChart.enable_offline()
-    alt.renderers.enable("jupyter", offline=True, embed_options=EMBED_OPTIONS)  # inline charts: offline too
-    alt.theme.enable("lab")
+    """Load the libraries (a progress line says which), render charts offline (nothing loads from the internet),
+    set the theme, show what is live."""
+    from IPython.display import HTML, display
+
+    line = display(HTML(""), display_id=True) if banner else None
+    t0 = time.perf_counter()
+    for i, (module, what) in enumerate(_LOADS):
+        if line is not None:
+            line.update(HTML(f"<progress max='{len(_LOADS)}' value='{i}'></progress> loading {what}… "
+                             f"({time.perf_counter() - t0:.1f} s)"))
+        importlib.import_module(module)
+    import altair as alt
+
+    from treewy.env import describe
+
+    offline = importlib.util.find_spec("vl_convert") is not None   # it bundles Vega's JavaScript for offline use
+    if offline:
+        alt.JupyterChart.enable_offline()
+    alt.renderers.enable("jupyter", offline=offline, embed_options=EMBED_OPTIONS)  # inline charts: offline too
+    alt.theme.register("lab", enable=True)(_theme)
     info = describe()
-    if banner:
-        display(environment_banner(info))
+    if not offline:
+        info["features"]["offline charts"] = "no: vl-convert-python is not installed, so charts load Vega from the internet"
+    if line is not None:
+        line.update(environment_banner(info, time.perf_counter() - t0))
     return info
 
 
-@alt.theme.register("lab", enable=False)
-def _theme() -> alt.theme.ThemeConfig:
+def _theme() -> dict:
     return {"config": {"view": {"stroke": None}, "axis": {"labelFontSize": 11, "titleFontSize": 12},
                        "legend": {"labelFontSize": 11}, "title": {"fontSize": 13, "anchor": "start"}}}
 
 
-def environment_banner(info: dict) -> w.HTML:
+def environment_banner(info: dict, seconds: float | None = None):
+    import ipywidgets as w
+
     versions = " · ".join(f"{k} {v}" for k, v in info["versions"].items() if v)
-    return w.HTML(f"<b>TreeWY lab</b> on <b>{info['device']}</b> — {versions}")
+    took = f" · loaded in {seconds:.1f} s" if seconds is not None else ""
+    note = f"<br>offline charts: {info['features']['offline charts']}" if "offline charts" in info["features"] else ""
+    return w.HTML(f"<b>TreeWY lab</b> on <b>{info['device']}</b> — {versions}{took}{note}")

@@ -361,8 +361,8 @@ def test_triton_imported_before_treewy_is_a_clear_error():
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", "import triton; import treewy.ops"], env=env, capture_output=True,
-                       text=True)
+    r = subprocess.run([sys.executable, "-c", "import triton; import treewy.ops.tree_verify"], env=env,
+                       capture_output=True, text=True)
     assert r.returncode != 0 and "import treewy before triton" in r.stderr
     ok = subprocess.run([sys.executable, "-c", "import treewy, triton, treewy.ops"], env=env, capture_output=True,
                         text=True)

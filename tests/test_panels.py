@@ -56,14 +56,38 @@ def test_serving_panel_follows_memory_and_labels_simulated():
     sim = p.frames["simulated"]
     assert sim["simulated"].all() and set(sim["mode"]) == {"store_all", "reconstruct"}
     title = p.charts["curves"].chart.to_dict()["title"]
-    assert title.startswith("SIMULATED")
+    assert title["text"].startswith("SIMULATED") and title["subtitle"][0].startswith("GDN step: ")
     admitted = lambda: p.frames["simulated"].filter(mode="store_all")["peak_running"].max()  # noqa: E731
     before = admitted()
     p.set(gmu=0.9)
-    assert "gmu 0.90" in p.charts["curves"].chart.to_dict()["title"]
+    assert "press <b>Run</b>" in p.status.value and admitted() == before   # a simulation waits for Run
+    p.run_button.click()
+    assert "gmu 0.90" in p.charts["curves"].chart.to_dict()["title"]["text"]
     assert admitted() > before  # more memory admits more store-all requests
     sources = set(p.frames["ratios"]["source"])
     assert sources == {"simulated", "paper (B200, measured)"}
+
+
+def test_serving_panel_overlays_only_measured_rows_of_the_same_configuration(tmp_path):
+    from lab.panels import ServingPanel
+    from treewy.schema import serving_frame
+
+    same = dict(model="qwen3.5-35b-a3b", gpu="NVIDIA H200", tp=1, gmu=0.6, workload="balanced-chat",
+                tree="(1, 1, 1)", concurrency=8, simulated=False, device="NVIDIA H200", date="2026-12-01",
+                output_throughput=900.0, peak_kv_usage=0.4, peak_running=8, p99_ttft_ms=50.0, failed=0)
+    rows = [{**same, "mode": m} for m in ("store_all", "reconstruct")]
+    rows += [{**same, "mode": "store_all", **change} for change in (
+        dict(gmu=0.9), dict(tree="(3, 3, 3)"), dict(tp=2), dict(gpu="NVIDIA B200"), dict(model="qwen3.5-397b-a17b"),
+        dict(workload="spec-bench", failed=None),   # `(A & B) | failed.is_null()` let this one through
+        dict(failed=3), dict(error="the server died"))]
+    serving_frame(rows).write_parquet(tmp_path / "serve.parquet")
+    p = ServingPanel(measured_dirs=(tmp_path,), concurrency=(8,), gpu="h200", workload="balanced-chat")
+    measured = p.frames["measured"]
+    assert measured.height == 2 and set(measured["mode"]) == {"store_all", "reconstruct"}
+    assert "vLLM measured (NVIDIA H200, 2026-12-01)" in set(p.frames["curves"]["source"])
+    p.set(gmu=0.9)
+    p.run_button.click()
+    assert p.frames["measured"].height == 1 and p.frames["measured"]["gmu"].item() == 0.9
 
 
 def test_serving_panel_reports_a_budget_that_cannot_hold_the_weights():

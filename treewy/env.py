@@ -9,6 +9,18 @@ import os
 import torch
 
 
+#: One line for wherever the kernels are wanted but triton is not installed (it has wheels for Linux only).
+MISSING_TRITON = ("Triton is not installed here (it has wheels for Linux only): the kernels run on Linux, on a CPU "
+                  "under the interpreter, or on a CUDA GPU; the torch references and the CPU engine run without it")
+
+
+def has_triton() -> bool:
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except ImportError:  # a finder that refuses triton outright
+        return False
+
+
 def _version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -42,7 +54,8 @@ def describe() -> dict:
         "device": device_name(),
         "versions": versions,
         "features": {
-            "triton kernels": "GPU" if torch.cuda.is_available() else "interpreter (small sizes)",
+            "triton kernels": ("not installed (Linux or a GPU machine only)" if not has_triton()
+                               else "GPU" if torch.cuda.is_available() else "interpreter (small sizes)"),
             "tiny model engine": "live" if importlib.util.find_spec("transformers") else "needs pip install -e '.[hf]'",
             "fla baseline": "live" if versions["fla-core"] and torch.cuda.is_available() else "GPU + fla-core only",
             "vLLM serving": "live" if versions["vllm"] and torch.cuda.is_available() else "GPU + vllm only",

@@ -15,7 +15,8 @@ from lab.setup import EMBED_OPTIONS
 class Panel:
     """Subclasses build ``self.controls`` (name -> widget) and ``self.charts`` (name -> JupyterChart),
     wire them with ``observe`` in ``__init__`` and implement ``update()``; ``set(**values)`` drives
-    the panel headless (tests) exactly as a user would."""
+    the panel headless (tests) exactly as a user would. A panel whose update takes under a second redraws
+    on every change; a slower one has a Run button and waits for it (``wait_for_run``)."""
 
     title = ""
 
@@ -48,6 +49,16 @@ class Panel:
 
     def update(self) -> None:
         raise NotImplementedError
+
+    def wait_for_run(self) -> None:
+        """For panels whose update takes over a second: a changed control only says so in the status line, and
+        the Run button (``self.run_button``) recomputes."""
+        def stale(_):
+            self.status.value = "settings changed: press <b>Run</b> to update the charts"
+
+        for c in self.controls.values():
+            c.observe(stale, names="value")
+        self.run_button.on_click(self.refresh)
 
     def set(self, **values) -> Panel:
         """Set controls by name (each change runs the panel as the widget would); then refresh once."""

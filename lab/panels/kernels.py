@@ -9,6 +9,7 @@ import torch
 from lab.charts import kernel_timing_chart, node_errors_chart
 from lab.frames import node_errors_frame
 from lab.panels.base import Panel
+from treewy.env import MISSING_TRITON, has_triton
 from treewy.ops.parity import node_errors
 from treewy.paper import SHAPES
 from treewy.tree import DraftTree
@@ -37,9 +38,13 @@ class ParityPanel(Panel):
             "dtype": w.Dropdown(options=["float32", "bfloat16"] if self.on_gpu else ["float32"], value="float32",
                                 description="inputs"),
         }
-        self.run_button = w.Button(description="Run", icon="play", button_style="primary")
+        self.run_button = w.Button(description="Run", icon="play", button_style="primary", disabled=not has_triton())
         self.run_button.on_click(self.refresh)
-        self.set(**values).refresh()  # controls have no observers: a run starts on Run only
+        self.set(**values)  # controls have no observers: a run starts on Run only
+        if has_triton():
+            self.refresh()
+        else:
+            self.status.value = MISSING_TRITON
 
     def update(self) -> None:
         v = {k: c.value for k, c in self.controls.items()}
@@ -47,8 +52,9 @@ class ParityPanel(Panel):
         tree = _tree(v["tree"])
         where = "GPU" if self.on_gpu else "CPU, Triton interpreter"
         self.status.value = f"running on {where}…"
+        self.ran_on = "cuda" if self.on_gpu else "cpu"
         rows = self.cached(tuple(v.values()), lambda: node_errors(tree, B=v["batch"], H=H, HV=H * v["gva"], K=K, V=K,
-                                                                  dtype=getattr(torch, v["dtype"])))
+                                                                  dtype=getattr(torch, v["dtype"]), device=self.ran_on))
         self.frames["errors"] = node_errors_frame(rows)
         self.show_chart("errors", node_errors_chart(
             self.frames["errors"], f"{v['tree']}: B = {v['batch']}, H = {H}, HV = {H * v['gva']}, K = V = {K}, "
@@ -70,11 +76,13 @@ class TimingPanel(Panel):
             "tree": w.Dropdown(options=list(TREES), value="chain 3", description="tree"),
             "batch": w.Dropdown(options=[1, 8, 64, 256], value=64, description="batch B"),
         }
-        self.run_button = w.Button(description="Run", icon="play", button_style="primary",
-                                   disabled=not torch.cuda.is_available())
+        live = torch.cuda.is_available() and has_triton()
+        self.run_button = w.Button(description="Run", icon="play", button_style="primary", disabled=not live)
         self.run_button.on_click(self.refresh)
-        if torch.cuda.is_available():
+        if live:
             self.refresh()
+        elif not has_triton():
+            self.status.value = MISSING_TRITON
         else:
             self.status.value = "timings need a CUDA GPU; the committed H200 results are plotted below"
 

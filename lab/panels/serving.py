@@ -1,12 +1,13 @@
-"""Notebook 05: the serving simulator behind widgets — where store-all's pool fills and TreeWY keeps admitting."""
+"""Notebooks 05 and 06: the serving simulator behind widgets — where store-all's pool fills and TreeWY keeps
+admitting — with measured vLLM rows of exactly the same configuration overlaid."""
 
 from __future__ import annotations
 
 import ipywidgets as w
 import polars as pl
 
-from lab.charts import ratio_chart, serving_curves_chart
-from lab.frames import paper_ratios_frame, ratios_frame, serving_curves_frame
+from lab.charts import MODE_NAMES, ratio_chart, serving_curves_chart
+from lab.frames import measured_matching, paper_ratios_frame, ratios_frame, serving_curves_frame
 from lab.panels.base import Panel
 from lab.setup import RESULTS_DIRS
 from treewy.memory import GPU, ModelSpec
@@ -20,7 +21,7 @@ TREES = {str(s): s for s in SHAPES} | {f"chain {k}": (1,) * k for k in (1, 2, 4,
 
 
 class ServingPanel(Panel):
-    title = "Serving simulator (SIMULATED): store-all vs TreeWY reconstruct"
+    title = "Serving simulator (SIMULATED): store-all vs TreeWY; change the settings, then press Run"
 
     def __init__(self, measured_dirs=RESULTS_DIRS, concurrency=CONCURRENCIES, **values):
         super().__init__()
@@ -38,13 +39,8 @@ class ServingPanel(Panel):
         }
         self.run_button = w.Button(description="Run", icon="play", button_style="primary")
         self.progress = w.IntProgress(min=0, max=1, description="points")
-        self.run_button.on_click(self.refresh)
-        for c in self.controls.values():
-            c.observe(self.refresh, names="value")
-        if values:
-            self.set(**values)  # one refresh per changed control; the cache makes repeats free
-        else:
-            self.refresh()
+        self.wait_for_run()  # a simulation takes seconds: it runs on Run, as every slow panel does
+        self.set(**values).refresh()
 
     def key(self) -> tuple:
         return tuple(c.value for c in self.controls.values())
@@ -75,8 +71,9 @@ class ServingPanel(Panel):
             return
         self.frames["simulated"] = sim
         curves = serving_curves_frame(sim, "simulated")
-        measured = load_measured(*self.measured_dirs).filter(
-            (pl.col("workload") == v["workload"]) & (pl.col("failed") == 0) | pl.col("failed").is_null())
+        measured = measured_matching(load_measured(*self.measured_dirs), model=v["model"], gpu=v["gpu"], tp=v["tp"],
+                                     gmu=v["gmu"], tree=str(TREES[v["tree"]]), workload=v["workload"])
+        self.frames["measured"] = measured
         if not measured.is_empty():
             for (device, date), part in measured.group_by("device", "date"):
                 curves = pl.concat([curves, serving_curves_frame(part, f"vLLM measured ({device}, {date})")])
@@ -84,17 +81,27 @@ class ServingPanel(Panel):
         k = knee(sim)
         title = (f"SIMULATED · {v['model']} · {v['gpu'].upper()} TP{v['tp']} · gmu {v['gmu']:.2f} · "
                  f"{v['workload']} · tree {v['tree']}")
-        self.show_chart("curves", serving_curves_chart(curves, k, title))
+        self.show_chart("curves", serving_curves_chart(curves, k, title, cost_note(sim)))
         ratios = ratios_frame(ratio_table(sim), "simulated")
         if v["model"] == "qwen3.5-35b-a3b" and v["gpu"] == "b200" and v["tp"] == 1 and v["tree"] == "(1, 1, 1)":
             # the paper's ratios are a geomean over five workloads at gmu 0.6: shown for orientation
             ratios = pl.concat([ratios, paper_ratios_frame(SERVING_RATIOS, CONCURRENCIES)])
         self.frames["ratios"] = ratios
-        self.show_chart("ratios", ratio_chart(ratios, "TreeWY / store-all (simulated, one workload) vs the paper "
+        self.show_chart("ratios", ratio_chart(ratios, "TreeWY / store-all: simulated (one workload) vs the paper "
                                                       "(measured, geomean of five workloads)"))
         model, gpu = ModelSpec.from_name(v["model"]), GPU.from_name(v["gpu"])
         admitted = sim.group_by("mode").agg(pl.col("peak_running").max()).sort("mode")
         self.status.value = (
             f"simulated {sim.height} points · store-all pool full from concurrency {k if k else '— (never)'} · "
-            f"peak admitted: " + ", ".join(f"{m} {n}" for m, n in admitted.iter_rows())
+            f"peak admitted: " + ", ".join(f"{MODE_NAMES[m]} {n}" for m, n in admitted.iter_rows())
             + f" · {model.name} weights {model.weight_bytes(v['tp']) / 2**30:.1f} GiB per GPU on {gpu.name}")
+
+
+def cost_note(sim: pl.DataFrame) -> str:
+    """Which kernel table priced TreeWY's GDN step in a simulated frame (its ``cost_source`` column)."""
+    sources = set(sim.filter(pl.col("mode") == "reconstruct")["cost_source"].to_list())
+    measured = sorted(s.removeprefix("measured:") for s in sources if s.startswith("measured:"))
+    if measured:
+        return (f"GDN step: TreeWY / store-all kernel ratio measured in {', '.join(measured)}; "
+                "store-all priced by the bytes it moves")
+    return "GDN step: both modes priced by the bytes they move (no measured kernel rows for this tree)"

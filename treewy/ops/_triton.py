@@ -13,6 +13,10 @@ import os
 import torch
 
 import treewy
+from treewy.env import MISSING_TRITON, has_triton
+
+if not has_triton():
+    raise ImportError(MISSING_TRITON)
 
 #: True when the kernels run under the Triton interpreter (CPU tensors).
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from treewy.serve.launcher import ServeError, ServeOptions, VLLMServer, build_command, check_port_free
 from treewy.serve.metrics import MetricsScraper
+from treewy.workloads import CATALOGUE
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Workload:
     input_len: int | None = None
     output_len: int | None = None
     path_file: str | None = None  # file name under --dataset-dir for datasets read from disk
+    range_ratio: float = 0.0      # random dataset: lengths uniform within +- this fraction
 
     def bench_args(self, dataset_dir: str | None) -> list[str]:
         args = ["--dataset-name", self.dataset]
@@ -43,7 +45,7 @@ class Workload:
             args += ["--dataset-path", str(path)]
         if self.dataset == "random":
             args += ["--random-input-len", str(self.input_len), "--random-output-len", str(self.output_len),
-                     "--ignore-eos"]
+                     "--random-range-ratio", str(self.range_ratio), "--ignore-eos"]
         elif self.dataset == "spec_bench" and self.output_len:
             args += ["--spec-bench-output-len", str(self.output_len)]
         elif self.dataset == "sharegpt" and self.output_len:
@@ -51,14 +53,9 @@ class Workload:
         return args
 
 
-WORKLOADS: dict[str, Workload] = {
-    "sharegpt-chat": Workload("sharegpt", path_file="ShareGPT_V3_unfiltered_cleaned_split.json"),
-    "spec-bench": Workload("spec_bench", output_len=256, path_file="question.jsonl"),
-    "balanced-chat": Workload("random", input_len=1024, output_len=1024),
-    "generation-heavy": Workload("random", input_len=256, output_len=2048),
-    "summarize-heavy": Workload("random", input_len=4096, output_len=256),
-    "smoke": Workload("random", input_len=64, output_len=16),
-}
+#: The one workload catalogue (treewy.workloads, which the simulator samples too) as vllm bench serve arguments.
+WORKLOADS: dict[str, Workload] = {name: Workload(w.dataset, w.input_len, w.output_len, w.path_file, w.range_ratio)
+                                  for name, w in CATALOGUE.items()}
 
 
 @dataclass(frozen=True)

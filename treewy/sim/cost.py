@@ -14,9 +14,9 @@ flops / peak)`` on one GPU, and the parts add up:
   kernel writes a snapshot per window position); reconstruct reads one and writes one (the commit
   folded into the verify) plus the transient U (T x V per head, fp32) written and read back. Prefill
   chunks read and write one state. Conv states: read kernel - 1 + N columns, write them back.
-  With a kernel benchmark file (benchmarks/results/kernels_*.json), reconstruct's gdn time is
-  store_all's analytic time times the measured ratio us(treewy) / us(store_all) at the nearest
-  batch size and the same tree; ``source`` says which was used.
+  With a kernel benchmark file (by default the newest kernel targets table, treewy.results),
+  reconstruct's gdn time is store_all's analytic time times the measured ratio us(treewy) /
+  us(store_all) at the nearest batch size and the same tree; ``source`` says which was used.
 * draft: one MTP pass per tree level: the MTP layer's weights (experts touched by its tokens), the
   lm_head, and the MTP layer's KV.
 * overhead: a latency floor per layer per forward pass (kernels under CUDA graphs do not run at
@@ -31,8 +31,6 @@ None was tuned to the paper's serving table.
 
 from __future__ import annotations
 
-import glob
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,49 +38,33 @@ from pathlib import Path
 import numpy as np
 
 from treewy.memory import GPU, ModelSpec, _bytes_of, tree_depth, tree_num_nodes, tree_widths
+from treewy.results import fastest_rows, kernel_table
 
 BW_EFFICIENCY = 4.27 / 4.8
 FLOP_EFFICIENCY = 0.5
 LAYER_FLOOR_S = 20e-6
 HOST_OVERHEAD_S = 0.5e-3
 
-RESULTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-
-
-def find_kernel_results(directory: str | Path | None = None) -> Path | None:
-    """The newest benchmarks/results/kernels_*.json, or None."""
-    files = sorted(glob.glob(str(Path(directory or RESULTS_DIR) / "kernels_*.json")))
-    return Path(files[-1]) if files else None
-
-
-def _tree_key(tree) -> int:
-    return tree_num_nodes(tree)
-
-
 def measured_ratio_table(path: str | Path, tree, state_dtype: str, hv: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(B, us_treewy / us_store_all) from a kernel benchmark file for one tree, or None if it has no match."""
-    data = json.loads(Path(path).read_text())
-    rows = data.get("rows", data if isinstance(data, list) else [])
-    T = _tree_key(tree)
+    """(B, us_treewy / us_store_all) from a kernel benchmark file (a targets table or a full kernels_*.json) for one
+    tree (same number of window nodes T), the state dtype and the nearest value-head count; None if it has no pair
+    of TreeWY and store-all rows at one batch size. The fastest kernel measured for a case stands for it."""
+    T = tree_num_nodes(tree)
+    want = DTYPE_ALIASES.get(state_dtype, state_dtype)
 
-    def matches(r):
-        try:
-            nodes = int(r.get("num_nodes") or tree_num_nodes(tuple(json.loads(str(r["tree"]).replace("(", "[").replace(")", "]")))))
-        except Exception:  # noqa: BLE001 - a row we cannot read is not a match
-            return False
-        if nodes not in (T, T - 1):   # files may count drafts (N) or nodes (T)
-            return False
+    def dtype(r):
         dt = str(r.get("state_dtype", state_dtype)).replace("torch.", "")
-        return DTYPE_ALIASES.get(dt, dt) == DTYPE_ALIASES.get(state_dtype, state_dtype)
+        return DTYPE_ALIASES.get(dt, dt)
 
-    sel = [r for r in rows if matches(r)]
+    sel = [r for r in fastest_rows(kernel_table(path)["rows"])
+           if r.get("num_nodes") == T and dtype(r) == want and r["provider"] in ("treewy", "store_all")]
     if not sel:
         return None
-    hvs = sorted({int(r.get("HV", hv)) for r in sel}, key=lambda x: abs(x - hv))
-    sel = [r for r in sel if int(r.get("HV", hv)) == hvs[0]]
-    by = {}
+    nearest = min({int(r.get("HV", hv)) for r in sel}, key=lambda x: abs(x - hv))
+    by: dict[int, dict[str, float]] = {}
     for r in sel:
-        by.setdefault(int(r["B"]), {})[r["provider"]] = float(r["us"])
+        if int(r.get("HV", hv)) == nearest:
+            by.setdefault(int(r["B"]), {})[r["provider"]] = float(r["us"])
     pts = sorted((b, v["treewy"] / v["store_all"]) for b, v in by.items() if "treewy" in v and "store_all" in v
                  and v["store_all"] > 0)
     if not pts:
@@ -103,7 +85,7 @@ class StepCost:
     mode: str = "store_all"
     tree: tuple = (1, 1, 1)
     state_dtype: str = "float32"
-    kernels: str | Path | None = None     # a kernels_*.json path; None: analytic only
+    kernels: str | Path | None = None     # a targets_*.json or kernels_*.json path; None: analytic only
 
     def __post_init__(self):
         m, tp = self.model, self.tp

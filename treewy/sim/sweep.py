@@ -13,7 +13,8 @@ import polars as pl
 from treewy.paper import ACCEPTANCE, CONCURRENCIES, SERVING_RATIOS
 from treewy.memory import GPU, MODES, ModelSpec, ServerConfig, paging, tree_depth, tree_num_nodes
 from treewy.schema import serving_frame
-from treewy.sim.cost import StepCost, find_kernel_results
+from treewy.results import newest_targets
+from treewy.sim.cost import StepCost
 from treewy.sim.scheduler import run
 from treewy.sim.workloads import WORKLOADS, poisson_arrivals, sample_lengths
 
@@ -100,8 +101,9 @@ def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6,
              return_points: bool = False):
     """Simulate a vLLM-style server; one row per (workload, mode, load point), labelled simulated.
 
-    mode and workload may also be lists (a sweep). kernels: "auto" (use the newest
-    benchmarks/results/kernels_*.json when there is one), a path, or None (analytic only).
+    mode and workload may also be lists (a sweep). kernels: "auto" (the newest measured kernel targets table,
+    ``treewy.results.newest_targets``), a path to a targets_*.json or kernels_*.json, or None (analytic only);
+    the ``cost_source`` column says which table priced each row.
     lengths: explicit (prompt_lens, output_lens) instead of a workload's distribution.
     """
     model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
@@ -118,7 +120,7 @@ def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6,
                 bad = arr[arr <= 0][:1].tolist() if arr.size else []
                 raise ValueError(f"lengths: every {nm} must be a positive integer number of tokens, got {bad or arr.dtype}; "
                                  "drop empty requests or pass token counts")
-    kernel_file = find_kernel_results() if kernels == "auto" else (Path(kernels) if kernels else None)
+    kernel_file = newest_targets() if kernels == "auto" else (Path(kernels) if kernels else None)
     rates, acc_source = acceptance_rates(tree, acceptance)
     accept_cum = np.cumprod(rates)
     tree_str = str(tuple(tree)) if isinstance(tree, (tuple, list)) else repr(tree)

@@ -1,0 +1,93 @@
+"""Execute every notebook headless on this machine's GPU (TREEWY_DEVICE=cuda), with the kernels live.
+
+    PYTHONPATH=/tmp/site:$PWD python3 benchmarks/run_notebooks_gpu.py --out "$OUT"
+
+Writes into --out (default: $OUT): each executed notebook (outputs kept, `<name>.ipynb`), `summary.json` and
+`summary.txt` with the device, date, library versions and each notebook's wall time; exits 1 if any notebook
+failed (its executed copy shows where). Needs nbclient and ipykernel (benchmarks/gpu_wheels.txt lists the wheels).
+`--device cpu` runs the same on a CPU (small sizes), for a check anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for dist in ("torch", "triton", "transformers", "polars", "altair", "ipywidgets", "nbclient", "ipykernel"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT"), help="output folder (default: $OUT)")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--notebooks", nargs="*", default=None, help="names (default: every numbered notebook)")
+    parser.add_argument("--dir", default=str(ROOT / "notebooks"), help="where the notebooks are")
+    parser.add_argument("--timeout", type=int, default=1200, help="seconds per cell")
+    args = parser.parse_args(argv)
+    if not args.out:
+        parser.error("--out: give an output folder (or set $OUT)")
+    import nbformat
+    import torch
+    from nbclient import NotebookClient
+    from tqdm import tqdm
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: torch sees no CUDA device here; use --device cpu for a CPU run", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["TREEWY_DEVICE"] = args.device
+    if args.device == "cpu":
+        os.environ["TREEWY_SMALL"] = "1"
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), str(ROOT)) if p)
+    paths = sorted(Path(args.dir).glob("[0-9][0-9]_*.ipynb"))
+    if args.notebooks:
+        paths = [p for p in paths if p.stem in args.notebooks or p.name in args.notebooks]
+    device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({platform.processor() or platform.machine()})"
+    summary = {"device": device, "date": datetime.date.today().isoformat(), "versions": versions(), "notebooks": []}
+    failed = 0
+    for path in tqdm(paths, desc="notebooks", unit="nb"):
+        nb = nbformat.read(path, as_version=4)
+        t0 = time.perf_counter()
+        error = None
+        try:
+            NotebookClient(nb, timeout=args.timeout, kernel_name="python3",
+                           resources={"metadata": {"path": str(path.parent)}}).execute()
+        except Exception as e:  # noqa: BLE001 - a failed notebook is a row of the summary and the exit code
+            error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+            failed += 1
+        seconds = time.perf_counter() - t0
+        nb.metadata["treewy_run"] = {"device": device, "date": summary["date"], "seconds": round(seconds, 1)}
+        nbformat.write(nb, out / path.name)
+        summary["notebooks"].append({"notebook": path.name, "seconds": round(seconds, 1), "ok": error is None,
+                                     "error": error})
+        tqdm.write(f"{path.name}: {'ok' if error is None else 'FAILED'} in {seconds:.1f} s" + (f" ({error})" if error else ""))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    lines = [f"{device}, {summary['date']}; " + ", ".join(f"{k} {v}" for k, v in summary["versions"].items() if v), ""]
+    lines += [f"{r['notebook']:<36} {r['seconds']:>8.1f} s  {'ok' if r['ok'] else 'FAILED: ' + r['error']}"
+              for r in summary["notebooks"]]
+    (out / "summary.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The one workload catalogue: what the simulator samples and what ``treewy bench-serve`` asks vLLM to send.
+
+Five workloads, each a stand-in for a benchmark people run against vLLM, plus a smoke test. Lengths are in
+tokens.
+
+=================  ========================================  ======================================
+workload           input (prompt) length                      output length
+=================  ========================================  ======================================
+sharegpt-chat      ShareGPT (vLLM's sampler: prompt <= 1024,   the dataset's replies (total <= 2048);
+                   total <= 2048); simulated as a lognormal,   simulated as a lognormal, median 150,
+                   median 150, sigma 1.0                       sigma 0.9
+spec-bench         Spec-Bench's 480 questions, six equal      256, fixed (``--spec-bench-output-len``
+                   categories (MT-bench 80, translation 50,   default of ``vllm bench serve``)
+                   summarization 700, QA 40, math 80, RAG
+                   600); simulated as a lognormal, sigma 0.4
+                   around each median
+balanced-chat      random, uniform 1024 +- 20 %               uniform 1024 +- 20 %
+generation-heavy   random, uniform 1024 +- 20 %               uniform 8192 +- 20 %
+summarize-heavy    random, uniform 8192 +- 20 %               uniform 1024 +- 20 %
+smoke              random, uniform 64 +- 20 %                 uniform 16 +- 20 % (a quick check only)
+=================  ========================================  ======================================
+
+Why these: ShareGPT as ``vllm bench serve --dataset-name sharegpt`` samples it (replies as output lengths,
+mean ~230 / ~200 tokens); Spec-Bench's question mix with vLLM's fixed 256-token outputs; and the three
+input/output pairs the public InferenceMAX serving benchmarks use for chat (1k/1k), reasoning (1k/8k) and
+summarization (8k/1k), with vLLM's random dataset at ``--random-range-ratio 0.2``. The paper does not publish
+its exact traffic, so none of these were tuned to its table. All random outputs run to their length
+(``--ignore-eos``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Workload:
+    """How a workload's requests are drawn: a ``vllm bench serve`` dataset (``dataset``; ``path_file`` for those
+    read from disk) and, for the random dataset, centre lengths with a +- ``range_ratio`` uniform spread."""
+
+    name: str
+    dataset: str
+    input_len: int | None = None
+    output_len: int | None = None
+    range_ratio: float = 0.0
+    path_file: str | None = None
+
+
+CATALOGUE: dict[str, Workload] = {w.name: w for w in (
+    Workload("sharegpt-chat", "sharegpt", path_file="ShareGPT_V3_unfiltered_cleaned_split.json"),
+    Workload("spec-bench", "spec_bench", output_len=256, path_file="question.jsonl"),
+    Workload("balanced-chat", "random", 1024, 1024, 0.2),
+    Workload("generation-heavy", "random", 1024, 8192, 0.2),
+    Workload("summarize-heavy", "random", 8192, 1024, 0.2),
+    Workload("smoke", "random", 64, 16, 0.2),
+)}
+
+#: The five workloads of the serving sweep (the paper's table is a geomean over five).
+SWEEP_WORKLOADS = ("sharegpt-chat", "spec-bench", "balanced-chat", "generation-heavy", "summarize-heavy")
