@@ -58,12 +58,27 @@ def kernel_table(path: str | Path) -> dict:
     data = json.loads(path.read_text())
     rows = data.get("rows", data if isinstance(data, list) else [])
     if isinstance(rows, dict):
-        rows = [{**r, "case": case} for case, r in rows.items()]
+        rows = [{**_with_provider(r, data), "case": case} for case, r in rows.items()]
     else:
         rows = [{**r, "case": f"{r.get('provider')} {r.get('tree')} B{r.get('B')}"} for r in rows]
     meta = data if isinstance(data, dict) else {}
     return {"name": path.name, "device": meta.get("device", "unknown device"), "date": meta.get("date", file_date(path)),
             "rows": [r for r in rows if r.get("us") is not None]}
+
+
+#: Tree shapes of the windows the targets tables time, by node count.
+TREES_BY_NODES = {4: "(1, 1, 1)", 15: "(2, 2, 2)", 40: "(3, 3, 3)"}
+
+
+def _with_provider(row: dict, data: dict) -> dict:
+    """Rows of targets tables from 2026-11-30 on name the kernel only ("chain", "wy", "fla", "store_all") and
+    the window size T; give them the provider / tree / num_nodes / model / HV fields the older tables carry
+    (every target row is at Qwen3.5-35B-A3B's GDN shapes, which the table's header states)."""
+    if "provider" in row:
+        return row
+    kernel = row.get("kernel")
+    return {**row, "provider": kernel if kernel in ("fla", "store_all") else "treewy", "num_nodes": row.get("T"),
+            "tree": TREES_BY_NODES.get(row.get("T")), "model": data.get("model", "35B-A3B"), "HV": data.get("HV", 32)}
 
 
 def fastest_rows(rows: list[dict]) -> list[dict]:

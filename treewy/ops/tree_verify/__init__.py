@@ -7,12 +7,11 @@ On a machine without CUDA, importing this package sets TRITON_INTERPRET=1 (see t
 """
 
 from treewy.ops.tree_verify.common import MAX_KERNEL_NODES, _program, _recurrent_node
-from treewy.ops.tree_verify.select import CHAIN_KERNEL_MAX_BATCH, KERNELS, LAUNCHES, select_kernel
+from treewy.ops.tree_verify.select import KERNELS, LAUNCHES, select_kernel
 from treewy.ops.tree_verify.tuning import DOT_PRECISIONS, PRECISION_ENV, batch_bucket, default_dot_precision
 from treewy.ops.tree_verify.verify import KERNEL_FNS, tree_verify, tree_verify_fwd
 
 __all__ = [
-    "CHAIN_KERNEL_MAX_BATCH",
     "DOT_PRECISIONS",
     "KERNELS",
     "KERNEL_FNS",
