@@ -156,7 +156,9 @@ def test_every_kernel_honours_num_nodes_and_bf16_state(kernel):
         if n:
             ro, ru = naive_tree_verify(qn[b:b + 1, :n], kn[b:b + 1, :n], *[x[b:b + 1, :n].double() for x in w1[2:]],
                                        state[b:b + 1].double(), chain[:n])
-            assert rel(o[b:b + 1, :n], ro) < 1e-5 and rel(u[b:b + 1, :n], ru) < 1e-5
+            # outputs take one tf32 pass on a GPU (they feed only bf16 outputs); u stays fp32-accurate
+            o_tol = 3e-3 if kernel == "wy" and default_dot_precision(DEVICE) == "tf32" else 1e-5
+            assert rel(o[b:b + 1, :n], ro) < o_tol and rel(u[b:b + 1, :n], ru) < 1e-5
 
 
 # ---- the kernel choice ----
