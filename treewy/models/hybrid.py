@@ -110,8 +110,8 @@ class Window:
 
 
 @dataclass
-class Pending:
-    """What verify leaves for commit, per layer."""
+class WindowOutputs:
+    """What verify leaves for commit, per layer (the deferred GDN commit itself is a treewy.ops.PendingCommit)."""
     gdn: dict = field(default_factory=dict)   # layer -> (mode, tensors...)
     kv: dict = field(default_factory=dict)    # layer -> (k_win, v_win)
     transient_bytes: int = 0                  # per request: U (reconstruct) or the T snapshots (store_all)
@@ -125,7 +125,7 @@ def verify(spec: HybridSpec, cache: HybridCache, tokens: torch.Tensor, window: W
     prefix, which sizes the attention layers' past. The caller sizes the KV caches (``generate``: the
     longest prompt + max_new_tokens + T + 1 positions).
 
-    Returns (logits [B, T, vocab], hidden [B, T, hidden], Pending).
+    Returns (logits [B, T, vocab], hidden [B, T, hidden], WindowOutputs).
     """
     if mode not in GDN_MODES:
         raise ValueError(f"mode = {mode!r}: expected one of {GDN_MODES}")
@@ -133,7 +133,7 @@ def verify(spec: HybridSpec, cache: HybridCache, tokens: torch.Tensor, window: W
     positions = cache.lens[:, None] + window.depth
     h = spec.embed(tokens)
     cos, sin = rope(spec, h, positions)
-    pend = Pending()
+    pend = WindowOutputs()
     for i, layer in enumerate(spec.layers):
         r = h
         x = layer.input_layernorm(h)
@@ -167,7 +167,7 @@ def _gdn_window(cache, gdn, x, i, window, mode, ops, pend):
     return gdn_output(gdn, o, z, x.dtype)
 
 
-def commit(spec: HybridSpec, cache: HybridCache, pend: Pending, window: Window, accepted: torch.Tensor,
+def commit(spec: HybridSpec, cache: HybridCache, pend: WindowOutputs, window: Window, accepted: torch.Tensor,
            path: torch.Tensor, length: torch.Tensor, ops: Ops, live: torch.Tensor | None = None,
            defer: bool = True) -> None:
     """Move every cache to the accepted node. accepted, length [B]; path [B, n] (root..accepted, -1 padded).
