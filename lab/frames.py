@@ -142,7 +142,7 @@ def kernel_targets_frame(path=None) -> pl.DataFrame:
 
     path = Path(path or _newest_targets(newest_targets))
     data = json.loads(path.read_text())
-    rows = [dict(target=t["target"], measured=float(t["measured"]), unit=t["unit"], bar=t["bar"],
+    rows = [dict(target=t["target"].strip(), measured=float(t["measured"]), unit=t["unit"], bar=t["bar"],
                  result=target_result(t)) for t in data["targets"]]
     return pl.DataFrame(rows).with_columns(source=pl.lit(f"{data['device']}, {data['date']} (measured)"))
 

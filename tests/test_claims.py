@@ -38,8 +38,9 @@ def _numbers_in_json(value):
 KERNELS = ("treewy/data/targets_*.json", "benchmarks/results/targets_*.txt")
 TINY = ("treewy/data/*tiny*sweep*.parquet", "benchmarks/results/*tiny*sweep*.parquet")
 SIM = ("treewy/data/sim_*.parquet", "benchmarks/results/sim_*.txt", "treewy/paper.py")
+VLLM = ("benchmarks/results/vllm_h200_*/tiny_*.json", "benchmarks/results/vllm_h200_*/capacity_*.log")
 SOURCES = {
-    "README.md: Measured so far": KERNELS + TINY + ("treewy/paper.py",),
+    "README.md: Measured so far": KERNELS + TINY + VLLM + ("treewy/paper.py",),
     "03_kernel_parity_live": KERNELS,
     "04_acceptance_sweeps": TINY + ("treewy/paper.py",),
     "05_serving_curves": SIM,

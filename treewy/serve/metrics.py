@@ -1,6 +1,7 @@
 """Scrape vLLM's Prometheus ``/metrics`` during a benchmark run: peaks of the gauges, deltas of the counters.
 
-Names as vLLM 0.26.0 (read from a live server on an H200) and 0.33.0 expose them (vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py;
+Names as vLLM 0.26.0 (read from a live server on an H200) and 0.33.0 expose them
+(vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py;
 prometheus_client appends ``_total`` to counters). Samples carry labels (model_name, engine);
 gauges are summed over engines for running requests and maxed for KV usage (a fraction per engine).
 """
