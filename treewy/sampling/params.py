@@ -23,7 +23,7 @@ def warp(logits: torch.Tensor, temperature: float, top_k: int | None = None, top
     probs = x.softmax(-1)
     if top_p is not None and top_p < 1:
         sorted_p, order = probs.sort(-1, descending=True)
-        before = sorted_p.cumsum(-1) - sorted_p                  # mass of the more likely tokens
+        before = torch.cat([torch.zeros_like(sorted_p[..., :1]), sorted_p.cumsum(-1)[..., :-1]], -1)  # mass ahead
         drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, before >= top_p)
         probs = probs.masked_fill(drop, 0)
         probs = probs / probs.sum(-1, keepdim=True)

@@ -1,5 +1,5 @@
-"""A toy target and drafter whose distributions are known exactly, and the chi-square test that checks
-sampled tree speculation against them.
+"""Checks that sampled tree speculation keeps the target distribution: Pearson's chi-square test, a toy
+target and drafter whose distributions are known exactly, and the tiny model's own second token.
 
 The target and the drafter are Markov chains over a small vocabulary: after token a the target draws
 the next token from ``p_next[a]`` and the drafter from ``q_next[a]``. Plain sampling gives every
@@ -139,3 +139,40 @@ class ToyChain:
         idx = ok.nonzero()[:, 0]
         out[idx, filled[idx]] = tok[idx]
         filled += ok.long()
+
+
+def toy_check(rule: str, tree=(3, 2), draws: int = 20000, length: int = 3, seed: int = 1, accept=sampled
+              ) -> tuple[ChiSquare, float]:
+    """The first ``length`` tokens of ``draws`` speculative runs on ``ToyChain.random(5, seed=0)`` against
+    the chain's exact joint distribution: (the test, mean tokens per step)."""
+    toy = ToyChain.random(5, seed=0)
+    seqs, per_step = toy.speculate(DraftTree.from_widths(tree), rule, draws, length, seed=seed, accept=accept)
+    counts = torch.bincount(sequence_index(seqs, toy.vocab), minlength=toy.vocab ** length)
+    return chi_square(counts, toy.joint(0, length)), per_step
+
+
+@torch.no_grad()
+def second_token_check(model, prompt: list[int], drafter: str, rule: str, draws: int = 500, top_k: int = 4,
+                       temperature: float = 1.0, tree=(3,), seed: int = 0) -> tuple[ChiSquare, float]:
+    """``draws`` requests of one prompt, two tokens each: the first is sampled after prefill, the second is
+    the first one the tree decides (an accepted depth-1 draft or the bonus at the root). Their joint counts
+    against the model's own p(x1) p(x2 | x1) from a plain causal forward: (the test, tokens per step)."""
+    from treewy.decode import generate
+    from treewy.models.hybrid import forward_sequence
+    from treewy.models.spec import spec_of
+    from treewy.sampling.params import warp
+
+    spec = spec_of(model)
+    dev = next(model.parameters()).device
+    h = forward_sequence(spec, torch.tensor([prompt], device=dev))
+    p1 = warp(spec.lm_head(h[:, -1]).double(), temperature, top_k)[0].cpu()
+    first = p1.nonzero()[:, 0]
+    h = forward_sequence(spec, torch.tensor([prompt + [int(x)] for x in first], device=dev))
+    p2 = warp(spec.lm_head(h[:, -1]).double(), temperature, top_k).cpu()
+    V = p1.numel()
+    joint = torch.zeros(V, V, dtype=torch.float64)
+    joint[first] = p1[first, None] * p2
+    res = generate(model, [prompt] * draws, drafter=drafter, tree=tree, max_new_tokens=2, temperature=temperature,
+                   top_k=top_k, seed=seed, rule=rule, commit="store_all")
+    got = torch.tensor([t[:2] for t in res.tokens])
+    return chi_square(torch.bincount(got[:, 0] * V + got[:, 1], minlength=V * V), joint.flatten()), res.acceptance_length
