@@ -59,7 +59,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=96)
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--threads", type=int, default=1, help="CPU threads (the tiny model's steps are too small to split)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU threads (the tiny model's steps are too small to split across cores)")
     args = ap.parse_args(argv)
     import polars as pl
 

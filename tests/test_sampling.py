@@ -12,6 +12,7 @@ import treewy.accept as accept
 from treewy.accept import RULES, sampled, sampled_ref
 from treewy.sampling import Sampling, chi_square, draw_children, sampling_of, second_token_check, toy_check, warp
 from treewy.testing import random_tree
+from treewy.tree import DraftTree
 
 
 
@@ -125,6 +126,11 @@ def test_bad_sampling_input_is_a_clear_error():
     with pytest.raises(ValueError, match="rule = 'greedy'"):
         Sampling(1.0, rule="greedy")
     assert sampling_of(0.0, top_k=3) is None
+    from treewy.drafters import NgramDrafter
+    d = NgramDrafter()
+    d.begin(None, [[1, 2, 1]], None, [2])
+    with pytest.raises(ValueError, match="sampling.vocab is None"):
+        d.propose_sampled(DraftTree.from_widths((2,)), Sampling(1.0, rule="rrs"))
     tree, tokens, p, q, coins, draws = random_case("rrs", 13)
     with pytest.raises(ValueError, match="rule = 'rrs' needs q_draft"):
         sampled(tree, tokens, p, None, "rrs")

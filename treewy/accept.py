@@ -60,7 +60,8 @@ def _check_tokens(tree, draft_tokens: torch.Tensor, **others):
     for name, (x, floating, ndim) in others.items():
         if (not isinstance(x, torch.Tensor) or x.dtype.is_floating_point != floating or x.ndim != ndim
                 or tuple(x.shape[:2]) != (B, T)):
-            want = ("a floating" if floating else "an integer") + (" tensor [B, T, V]" if ndim == 3 else " tensor [B, T]")
+            want = ("a floating" if floating else "an integer") + (" tensor [B, T, V]" if ndim == 3
+                                                                    else " tensor [B, T]")
             raise ValueError(f"{name} must be {want} with [B, T] = [{B}, {T}] like draft_tokens, got "
                              f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}")
     if par.shape[-1] != T or (par.ndim == 2 and par.shape[0] != B):
@@ -150,8 +151,8 @@ def sampled(tree, draft_tokens: torch.Tensor, p_target: torch.Tensor, q_draft: t
         raise ValueError(f"draft_tokens holds {int(draft_tokens.max())}, outside the vocabulary 0..{V - 1} of p_target")
     if rule != "match":
         has = (draft_tokens >= 0) & (par >= 0)
-        q_at = q_draft.gather(1, par.clamp(min=0)[..., None].expand(B, T, V)).gather(2, draft_tokens.clamp(min=0)[..., None])
-        bad = has & (q_at[..., 0] <= 0)
+        q_parent = q_draft.gather(1, par.clamp(min=0)[..., None].expand(B, T, V))       # q at each node's parent
+        bad = has & (q_parent.gather(2, draft_tokens.clamp(min=0)[..., None])[..., 0] <= 0)
         if bad.any():
             b, t = (int(i) for i in bad.nonzero()[0])
             raise ValueError(f"q_draft gives probability 0 to the token of node {t} (request {b}) at its parent: "

@@ -261,7 +261,8 @@ class NgramDrafter:
         top_k and top_p do not apply to counts); q_draft [B, T, V] holds those frequencies (zero rows
         where nothing matched, whose children carry no token)."""
         if sampling.vocab is None:
-            raise ValueError("the n-gram drafter samples over the vocabulary: give the Sampling a vocab size")
+            raise ValueError("sampling.vocab is None: the n-gram drafter builds q_draft over the vocabulary; create "
+                             "the Sampling with vocab=<the model's vocabulary size> (generate does)")
         return self._draft(tree, sampling)
 
     def _draft(self, tree: DraftTree, sampling):

@@ -175,4 +175,5 @@ def second_token_check(model, prompt: list[int], drafter: str, rule: str, draws:
     res = generate(model, [prompt] * draws, drafter=drafter, tree=tree, max_new_tokens=2, temperature=temperature,
                    top_k=top_k, seed=seed, rule=rule, commit="store_all")
     got = torch.tensor([t[:2] for t in res.tokens])
-    return chi_square(torch.bincount(got[:, 0] * V + got[:, 1], minlength=V * V), joint.flatten()), res.acceptance_length
+    counts = torch.bincount(got[:, 0] * V + got[:, 1], minlength=V * V)
+    return chi_square(counts, joint.flatten()), res.acceptance_length

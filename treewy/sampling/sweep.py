@@ -8,8 +8,6 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
-import torch
-
 from treewy.accept import RULES
 
 TEMPERATURES = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25)
