@@ -157,9 +157,32 @@ def kernel_timing_chart(results: pl.DataFrame, title: str) -> alt.LayerChart:
     return (roof + bars).properties(width=520, height=240, title=title)
 
 
+SOURCE_PALETTES = {"(live)": ["#1b9e77", "#66c2a5"], "(committed)": ["#7570b3", "#a6a1d6", "#4b4785"],
+                   "": ["#d95f02", "#e6ab02", "#666666"]}
+INTERVAL_NOTE = "bars: 95 % interval of the mean over prompts (normal approximation)"
+
+
+def source_scale(sources) -> alt.Scale:
+    """Colours by role, so a series keeps its colour whichever others are shown: live runs green, committed
+    runs purple, anything else (the paper) orange."""
+    domain, colors = [], []
+    for suffix, palette in SOURCE_PALETTES.items():
+        mine = sorted(s for s in set(sources) if s not in domain and s.endswith(suffix))
+        domain += mine
+        colors += [palette[i % len(palette)] for i in range(len(mine))]
+    return alt.Scale(domain=domain, range=colors)
+
+
+def source_legend() -> alt.Legend:
+    """Below the chart, one source per line, labels never cut."""
+    return alt.Legend(orient="bottom", direction="vertical", labelLimit=0, title=None)
+
+
 def acceptance_chart(acc: pl.DataFrame, title: str) -> alt.LayerChart:
-    """Acceptance length per step against draft nodes N, one colour per source, 95 % intervals as rules."""
-    base = alt.Chart(acc).encode(x=alt.X("N:Q", title="draft nodes N"), color=alt.Color("source:N", title=None))
+    """Acceptance length per step against draft nodes N, one colour per source (by role, see
+    ``source_scale``), 95 % intervals as rules."""
+    color = alt.Color("source:N", scale=source_scale(acc["source"].to_list()), legend=source_legend())
+    base = alt.Chart(acc).encode(x=alt.X("N:Q", title="draft nodes N"), color=color)
     points = base.mark_point(filled=True, size=60).encode(
         y=alt.Y("acceptance:Q", title="tokens per step (acceptance length)", scale=alt.Scale(zero=False)),
         shape=alt.Shape("kind:N", title=None),
@@ -167,4 +190,29 @@ def acceptance_chart(acc: pl.DataFrame, title: str) -> alt.LayerChart:
                  alt.Tooltip("acceptance_lo:Q", format=".2f"), alt.Tooltip("acceptance_hi:Q", format=".2f")])
     lines = base.mark_line(opacity=0.5).encode(y="acceptance:Q", detail="kind:N")
     bars = base.mark_rule().encode(y="acceptance_lo:Q", y2="acceptance_hi:Q")
-    return (lines + bars + points).properties(width=380, height=240, title=title)
+    return (lines + bars + points).properties(
+        width=380, height=240, title=alt.Title(title, subtitle=INTERVAL_NOTE + "; the paper reports none"))
+
+
+RULE_COLORS = alt.Scale(domain=["match", "rrs", "rrs_wor"], range=["#1b9e77", "#d95f02", "#7570b3"])
+
+
+def temperature_chart(acc: pl.DataFrame, title: str) -> alt.FacetChart:
+    """Acceptance length against temperature, one colour per acceptance rule, one panel per tree shape;
+    ``source`` as the stroke (committed solid, live dashed); 95 % intervals as rules."""
+    base = alt.Chart().encode(
+        x=alt.X("temperature:Q", title="temperature (0 = greedy)"),
+        color=alt.Color("rule:N", scale=RULE_COLORS, legend=alt.Legend(orient="bottom", title="rule")),
+        strokeDash=alt.StrokeDash("source:N", legend=alt.Legend(
+            orient="bottom", direction="vertical", labelLimit=0, title=None, symbolOpacity=0,
+            labelExpr="(indexof(datum.label, '(live)') >= 0 ? 'dashed: ' : 'solid: ') + datum.label"),
+                                  sort=sorted(acc["source"].unique().to_list(), key=lambda s: s.endswith("(live)"))))
+    y = alt.Y("acceptance:Q", title="tokens per step (acceptance length)", scale=alt.Scale(zero=False))
+    lines = base.mark_line(point=True).encode(
+        y=y, tooltip=["source:N", "drafter:N", "shape:N", "rule:N", "temperature:Q",
+                      alt.Tooltip("acceptance:Q", format=".2f"), alt.Tooltip("acceptance_lo:Q", format=".2f"),
+                      alt.Tooltip("acceptance_hi:Q", format=".2f")])
+    bars = base.mark_rule(opacity=0.6).encode(y="acceptance_lo:Q", y2="acceptance_hi:Q")
+    return alt.layer(lines, bars, data=acc).properties(width=260, height=220).facet(
+        column=alt.Column("shape:N", title="tree shape")).properties(
+        title=alt.Title(title, subtitle=INTERVAL_NOTE))

@@ -163,3 +163,10 @@ def paper_acceptance_frame(acceptance: dict) -> pl.DataFrame:
             for s, a in acceptance.items()]
     return pl.DataFrame(rows, schema_overrides={"acceptance_lo": pl.Float64, "acceptance_hi": pl.Float64})
 
+
+
+def temperature_frame(sweep: pl.DataFrame, source: str) -> pl.DataFrame:
+    """(drafter, shape, rule, temperature, acceptance, acceptance_lo, acceptance_hi, source) from a
+    treewy.sampling.sweep frame."""
+    return sweep.select("drafter", "shape", "rule", "temperature", "acceptance", "acceptance_lo", "acceptance_hi",
+                        source=pl.lit(source))

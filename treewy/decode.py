@@ -1,12 +1,13 @@
-"""Greedy tree speculative decoding on a Qwen3.5 / Qwen3-Next hybrid, read top to bottom in ``generate``.
+"""Tree speculative decoding on a Qwen3.5 / Qwen3-Next hybrid, read top to bottom in ``generate``.
 
 One step for a batch: the drafter proposes a token tree per request; one verify pass runs the
 window (root + drafts) through the model from the committed caches (GDN: tree conv1d + TreeWY
-verify, or the store-all recurrence; attention: committed prefix + ancestor mask); greedy
-acceptance picks the accepted node a; commit moves the conv states to a, keeps only the accepted
+verify, or the store-all recurrence; attention: committed prefix + ancestor mask); acceptance picks
+the accepted node a (greedy at temperature 0; at temperature > 0 a rule of ``treewy.accept`` that keeps
+the target's sampling distribution exactly); commit moves the conv states to a, keeps only the accepted
 path in the KV caches and moves the GDN state to a (store_all: picks a's snapshot; reconstruct:
 leaves a pending commit that the next verify folds in); the request emits the accepted drafts and
-the bonus token (the target's argmax at a), which is the next step's root.
+the bonus token (the target's argmax at a, or its sample there), which is the next step's root.
 
 The step loop launches the step's device work without host syncs (the tree is validated and put on
 the device once per ``generate``); the host waits for the device after the draft, once in verify
@@ -22,13 +23,14 @@ from dataclasses import dataclass, field
 import torch
 from torch.profiler import record_function
 
-from treewy.accept import greedy_fwd
+from treewy.accept import greedy_fwd, sample_categorical, sampled_fwd, sibling_rank
 from treewy.drafters import make_drafter
 from treewy.models.backends import get_ops
 from treewy.models.cache import HybridCache
 from treewy.models.hybrid import Window, prefill, verify
 from treewy.models.hybrid import commit as commit_window
 from treewy.models.spec import spec_of
+from treewy.sampling.params import Sampling, sampling_of
 from treewy.tree import DraftTree, as_tree
 
 COMMIT_MODES = ("reconstruct", "store_all")
@@ -46,7 +48,7 @@ class StepStat:
     draft_ms: float          # the drafter's proposal (ends with a device sync)
     host_ms: float = 0.0     # host bookkeeping after the device work (emitted tokens, the drafter's advance)
     verify_ms: float | None = None  # the model forward over the window (timing="phases" only)
-    accept_ms: float | None = None  # greedy acceptance (timing="phases" only)
+    accept_ms: float | None = None  # acceptance (timing="phases" only)
     commit_ms: float | None = None  # cache commit (timing="phases" only; reconstruct's GDN commit runs in verify)
 
 
@@ -87,6 +89,7 @@ class GenerateResult:
     tree: DraftTree | None = None
     commit: str | None = None
     drafter: str | None = None
+    sampling: Sampling | None = None  # None: greedy
 
     @property
     def acceptance_length(self) -> float:
@@ -129,14 +132,23 @@ def _check_prompts(prompts, vocab: int, context: int, max_new_tokens: int, T: in
 
 @torch.no_grad()
 def generate(model, prompts, drafter=None, tree=(3, 3, 3), commit="reconstruct", max_new_tokens: int = 32,
-             eos_token_id: int | None = None, backend: str = "auto", timing: str = "step") -> GenerateResult:
-    """Greedy decoding of a batch of prompts (lists of token ids), speculative when ``drafter`` is given.
+             eos_token_id: int | None = None, backend: str = "auto", timing: str = "step",
+             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+             seed: int | None = None, rule: str = "match", progress=False) -> GenerateResult:
+    """Decoding of a batch of prompts (lists of token ids), speculative when ``drafter`` is given.
 
-    drafter: None (plain greedy), "mtp", "ngram" or a Drafter; tree: branching factors such as
+    drafter: None (plain decoding), "mtp", "ngram" or a Drafter; tree: branching factors such as
     (3, 3, 3), a DraftTree or a parent array; commit: "reconstruct" (TreeWY: one GDN state block per
     request, each step's commit folded into the next verify) or "store_all" (N + 1 snapshots);
     backend: "auto" | "torch" | "triton" for the GDN ops; timing: "step" (two device syncs per step:
     draft and step times) or "phases" (also verify / accept / commit times, two more syncs).
+
+    temperature: 0 is greedy (top_k, top_p, seed and rule are then ignored); above 0 every token is
+    distributed as sampling softmax(logits / temperature), cut to top_k and top_p, would draw it;
+    rule: how the tree is drafted and accepted ("match": fixed top-w / n-gram children; "rrs" /
+    "rrs_wor": children sampled from the drafter, with / without replacement; see treewy.accept);
+    seed: the same seed reproduces a run on the same device. progress: True shows a tqdm bar over
+    the tokens; a callable gets (tokens so far, most tokens) after every step.
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens = {max_new_tokens!r}: expected a positive integer")
@@ -145,7 +157,13 @@ def generate(model, prompts, drafter=None, tree=(3, 3, 3), commit="reconstruct",
     spec = spec_of(model)
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
+    sampling = sampling_of(temperature, top_k, top_p, seed, rule, spec.config.vocab_size)
     d = make_drafter(drafter, model)
+    if sampling is not None and sampling.sampled_children and d is not None \
+            and not callable(getattr(d, "propose_sampled", None)):
+        raise ValueError(f"rule = {rule!r} samples the children from the drafter, but drafter {d!r} has no "
+                         "propose_sampled(); use rule='match' (fixed-token children) or a drafter that "
+                         "returns its probabilities (see treewy.drafters)")
     if d is None:
         tr, mode = DraftTree([-1]), "store_all"  # plain decoding: one state, written in place
     else:
@@ -165,26 +183,53 @@ def generate(model, prompts, drafter=None, tree=(3, 3, 3), commit="reconstruct",
 
     with record_function("treewy.prefill"):
         hidden, logits = prefill(spec, cache, prompts, device)
-    roots = logits.argmax(-1)                                            # [B]
+    if sampling is None:
+        roots = logits.argmax(-1)                                        # [B]
+    else:
+        roots = sample_categorical(sampling.warp(logits), sampling.uniforms((B,), device)[1])
     out = [[int(r)] for r in roots.tolist()]
     done = [max_new_tokens <= 1 or (eos_token_id is not None and o[0] == eos_token_id) for o in out]
     if d is not None:
         d.begin(model, prompts, hidden, [o[0] for o in out], capacity=capacity + max_new_tokens + 1)
-    result = GenerateResult(out, tree=tr if d is not None else None,
-                            commit=mode if d is not None else None, drafter=getattr(d, "name", None))
-    loop = _Loop(spec, cache, ops, tr, window, mode, d, _Clock(device, timing == "phases"))
+    result = GenerateResult(out, tree=tr if d is not None else None, commit=mode if d is not None else None,
+                            drafter=getattr(d, "name", None), sampling=sampling)
+    loop = _Loop(spec, cache, ops, tr, window, mode, d, _Clock(device, timing == "phases"), sampling)
+    report = _progress(progress, B * max_new_tokens)
     while not all(done):
         roots = loop.step(roots, done, out, max_new_tokens, eos_token_id, result.steps)
+        report(sum(len(o) for o in out))
+    report(None)
     cache.flush()
     return result
+
+
+def _progress(progress, total: int):
+    """report(tokens so far) after each step, report(None) at the end: a tqdm bar, a callable or nothing."""
+    if callable(progress):
+        return lambda n: None if n is None else progress(n, total)
+    if not progress:
+        return lambda n: None
+    from tqdm.auto import tqdm
+    bar = tqdm(total=total, desc="tokens", leave=False)
+
+    def report(n):
+        if n is None:
+            bar.close()
+        else:
+            bar.update(n - bar.n)
+    return report
 
 
 class _Loop:
     """The step of ``generate``: draft, verify, accept, commit, then the outcome on the host."""
 
-    def __init__(self, spec, cache, ops, tree, window, mode, drafter, clock):
+    def __init__(self, spec, cache, ops, tree, window, mode, drafter, clock, sampling=None):
         self.spec, self.cache, self.ops, self.tree, self.window, self.mode = spec, cache, ops, tree, window, mode
-        self.drafter, self.clock = drafter, clock
+        self.drafter, self.clock, self.sampling = drafter, clock, sampling
+        if sampling is not None:  # what the sampled walk indexes with, built once
+            self.rank = sibling_rank(window.rows)
+            kids = tree.parents.tolist()[1:]
+            self.width = max((kids.count(p) for p in set(kids)), default=0)
         self.step_no = 0
         self.live, self.live_for = None, None
 
@@ -193,13 +238,13 @@ class _Loop:
         clock, win, d = self.clock, self.window, self.drafter
         clock.start()
         with record_function("treewy.draft"):
-            draft = roots[:, None] if d is None else _propose(d, self.tree, roots)
+            draft, q_draft = (roots[:, None], None) if d is None else _propose(d, self.tree, roots, self.sampling)
         clock.end("draft", sync=True)
         with record_function("treewy.verify"):
             logits, hid, pend = verify(self.spec, self.cache, draft.clamp(min=0), win, self.mode, self.ops)
         clock.end("verify", sync=clock.phases)
         with record_function("treewy.accept"):
-            acc = greedy_fwd(win.rows, draft, logits.argmax(-1), win.max_depth)
+            acc = self._accept(draft, logits, q_draft)
         clock.end("accept", sync=clock.phases)
         with record_function("treewy.commit"):
             commit_window(self.spec, self.cache, pend, win, acc.accepted, acc.path, acc.length, self.ops,
@@ -222,6 +267,14 @@ class _Loop:
         self.step_no += 1
         return acc.bonus
 
+    def _accept(self, draft, logits, q_draft):
+        win, s = self.window, self.sampling
+        if s is None:
+            return greedy_fwd(win.rows, draft, logits.argmax(-1), win.max_depth)
+        coins, draws = s.uniforms(draft.shape, draft.device)
+        return sampled_fwd(win.rows, draft, s.warp(logits), q_draft, s.rule, coins, draws, win.max_depth,
+                           self.width, self.rank)
+
     def _live(self, done, device):
         """live [B] on the device, rebuilt only when a request finishes."""
         if self.live_for != done:
@@ -229,10 +282,17 @@ class _Loop:
         return self.live
 
 
-def _propose(drafter, tree, roots):
-    draft = drafter.propose(tree).to(roots.device)                     # [B, T], -1 = no token
+def _propose(drafter, tree, roots, sampling=None):
+    """The drafted tokens [B, T] (-1 = no token) on the roots' device, and q_draft [B, T, V] when the
+    children were sampled from the drafter (else None)."""
+    if sampling is not None and sampling.sampled_children:
+        draft, q_draft = drafter.propose_sampled(tree, sampling)
+        q_draft = q_draft.to(roots.device)
+    else:
+        draft, q_draft = drafter.propose(tree), None
+    draft = draft.to(roots.device)
     draft[:, 0] = roots
-    return draft
+    return draft, q_draft
 
 
 def _outcome(draft, hid, acc, done):

@@ -7,12 +7,18 @@ Protocol (what ``treewy.decode.generate`` calls):
   ``capacity`` the most tokens a request's context will reach.
 - ``propose(tree) -> tokens [B, T]``: the token at every node of ``tree`` (a DraftTree) per request;
   column 0 is the root. -1 marks a node the drafter has nothing for (never accepted).
+- ``propose_sampled(tree, sampling) -> (tokens [B, T], q_draft [B, T, V])`` (optional; sampled decoding
+  with the rules ``rrs`` / ``rrs_wor``): children drawn from the drafter's own distribution, i.i.d. or
+  without replacement (``sampling.rule``); ``q_draft[b, t]`` is the distribution node t's children were
+  drawn from, which the acceptance rule needs (treewy/sampling/README.md). Fixed-token drafts
+  (``propose``) are verified at temperature > 0 by the rule ``match``, which needs no probabilities.
 - ``advance(emitted, path_hidden)``: after acceptance. ``emitted[b]`` are the tokens request b
   emitted this step (accepted drafts, then the bonus, which is the next root); ``path_hidden[b]``
   the target's hidden states at the root..accepted nodes ([len(emitted[b]), hidden]).
 
 Two drafters: ``MTPDrafter`` (Qwen3.5's mtp.* module, level by level, top-w at each level, its own
-KV cache with the tree mask) and ``NgramDrafter`` (prompt lookup; model-free).
+KV cache with the tree mask) and ``NgramDrafter`` (prompt lookup; model-free). Both also sample children:
+MTP from its warped next-token distribution, n-gram from the continuation counts of its longest match.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Protocol
 
 import torch
 
+from treewy.sampling.params import draw_children
 from treewy.tree import DraftTree
 
 
@@ -31,6 +38,8 @@ class Drafter(Protocol):
               capacity: int | None = None) -> None: ...
 
     def propose(self, tree: DraftTree) -> torch.Tensor: ...
+
+    def propose_sampled(self, tree: DraftTree, sampling) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def advance(self, emitted: list[list[int]], path_hidden: list[torch.Tensor]) -> None: ...
 
@@ -105,8 +114,16 @@ class MTPDrafter:
             self.plans[tree] = _TreePlan(tree, self.roots.device)
         return self.plans[tree]
 
-    @torch.no_grad()
     def propose(self, tree: DraftTree) -> torch.Tensor:
+        return self._draft(tree, None)[0]
+
+    def propose_sampled(self, tree: DraftTree, sampling) -> tuple[torch.Tensor, torch.Tensor]:
+        """Children drawn from the MTP head's distribution, warped like the target's (temperature, top_k,
+        top_p); q_draft [B, T, V] holds that distribution at every node."""
+        return self._draft(tree, sampling)
+
+    @torch.no_grad()
+    def _draft(self, tree: DraftTree, sampling):
         from treewy.models.mtp import mtp_forward
         spec = self.spec
         plan = self._plan(tree)
@@ -116,7 +133,10 @@ class MTPDrafter:
         tokens[:, 0] = self.roots
         outs = root_out.new_zeros(B, tree.num_nodes, root_out.shape[-1])
         outs[:, 0] = root_out
-        plan.fill(tokens, spec.lm_head(root_out)[:, None], plan.root_fill)
+        q = None
+        if sampling is not None:
+            q = torch.zeros(B, tree.num_nodes, spec.config.vocab_size, device=root_out.device)
+        plan.fill(tokens, spec.lm_head(root_out)[:, None], plan.root_fill, q, plan.root, sampling)
         root_pos = self.next_pos - 1                                      # the root entry's position
         past = self.cache.past(max(self.cached))
         for lv in plan.levels:                                            # every drafted node up to depth d
@@ -125,8 +145,8 @@ class MTPDrafter:
                                     past, lv.mask.expand(B, -1, -1))
             new = out[:, lv.new]
             outs[:, lv.new_nodes] = new
-            plan.fill(tokens, spec.lm_head(new), lv.fill)
-        return tokens
+            plan.fill(tokens, spec.lm_head(new), lv.fill, q, lv.new_nodes, sampling)
+        return tokens, q
 
     def advance(self, emitted, path_hidden):
         self.pending = [(path_hidden[b], list(emitted[b])) for b in range(len(emitted))]
@@ -156,15 +176,25 @@ class _TreePlan:
 
     def __init__(self, tree: DraftTree, device):
         children = _children(tree)
+        self.root = torch.zeros(1, dtype=torch.long, device=device)
         self.root_fill = _fill_groups([0], children, device)
         self.levels = [_Level(tree, d, children, device) for d in range(1, tree.max_depth)]
 
     @staticmethod
-    def fill(tokens, logits, groups):
-        """tokens[:, children of node j] = the top-w tokens of logits[:, j], for nodes grouped by w."""
+    def fill(tokens, logits, groups, q=None, nodes=None, sampling=None):
+        """tokens[:, children of node j] = the top-w tokens of logits[:, j], for nodes grouped by w; with
+        ``sampling``, w draws from the warped distribution instead, which goes to q[:, nodes]."""
         B = tokens.shape[0]
+        if sampling is not None:
+            probs = sampling.warp(logits)                                 # [B, m, V]
+            q[:, nodes] = probs
+            gen = sampling.generator(tokens.device)
         for w, sel, child in groups:
-            top = logits[:, sel].topk(w, dim=-1).indices                  # [B, m, w], distinct tokens
+            if sampling is None:
+                top = logits[:, sel].topk(w, dim=-1).indices              # [B, m, w], distinct tokens
+            else:
+                p = probs[:, sel]
+                top = draw_children(p.reshape(-1, p.shape[-1]), w, sampling.rule == "rrs", gen)
             tokens[:, child] = top.reshape(B, -1)
 
 
@@ -210,18 +240,37 @@ class NgramDrafter:
                 nxt[ctx[end]] = (c + 1, end)
         self.indexed[b] = len(ctx)
 
-    def _candidates(self, b: int, path: list[int]) -> list[int]:
+    def _continuations(self, b: int, path: list[int]) -> dict[int, tuple[int, int]]:
+        """token -> (count, last position) after the longest n-gram ending the context + path."""
         seq = self.ctx[b][-self.max_n:] + path
         for n in range(min(self.max_n, len(seq)), 0, -1):
             nxt = self.index[b].get(tuple(seq[-n:]))
             if nxt:
-                return [t for t, _ in sorted(nxt.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))]
-        return []
+                return nxt
+        return {}
+
+    def _candidates(self, b: int, path: list[int]) -> list[int]:
+        nxt = self._continuations(b, path)
+        return [t for t, _ in sorted(nxt.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))]
 
     def propose(self, tree: DraftTree) -> torch.Tensor:
+        return self._draft(tree, None)[0]
+
+    def propose_sampled(self, tree: DraftTree, sampling) -> tuple[torch.Tensor, torch.Tensor]:
+        """Children drawn from the continuation counts of the longest match (count / total; temperature,
+        top_k and top_p do not apply to counts); q_draft [B, T, V] holds those frequencies (zero rows
+        where nothing matched, whose children carry no token)."""
+        if sampling.vocab is None:
+            raise ValueError("sampling.vocab is None: the n-gram drafter builds q_draft over the vocabulary; create "
+                             "the Sampling with vocab=<the model's vocabulary size> (generate does)")
+        return self._draft(tree, sampling)
+
+    def _draft(self, tree: DraftTree, sampling):
         B, T = len(self.ctx), tree.num_nodes
         children = _children(tree)
         tokens = torch.full((B, T), -1, dtype=torch.long)
+        q = None if sampling is None else torch.zeros(B, T, sampling.vocab)
+        gen = None if sampling is None else sampling.generator("cpu")
         for b in range(B):
             paths: dict[int, list[int] | None] = {0: []}
             tokens[b, 0] = self.ctx[b][-1]
@@ -231,14 +280,24 @@ class NgramDrafter:
                     for c in children[t]:
                         paths[c] = None
                     continue
-                cands = self._candidates(b, path)
+                if sampling is None:
+                    cands = self._candidates(b, path)
+                else:
+                    nxt = self._continuations(b, path)
+                    if nxt:
+                        q[b, t, list(nxt)] = torch.tensor([c for c, _ in nxt.values()], dtype=torch.float32)
+                        q[b, t] /= q[b, t].sum()
+                        cands = draw_children(q[b, t][None], len(children[t]), sampling.rule == "rrs", gen)[0].tolist()
+                        cands = [x for x in cands if x >= 0]
+                    else:
+                        cands = []
                 for j, c in enumerate(children[t]):
                     if j < len(cands):
                         tokens[b, c] = cands[j]
                         paths[c] = path + [cands[j]]
                     else:
                         paths[c] = None
-        return tokens
+        return tokens, q
 
     def advance(self, emitted, path_hidden):
         for b, e in enumerate(emitted):

@@ -1,19 +1,29 @@
-"""Notebook 04: tree width against acceptance length, swept live on the tiny checkpoint."""
+"""Notebook 04: tree width and temperature against acceptance length, on the tiny checkpoint (live, and
+the committed sweeps); one decode at a chosen temperature."""
 
 from __future__ import annotations
 
 import ipywidgets as w
 import polars as pl
 
-from lab.charts import acceptance_chart, blocks_vs_n_chart
-from lab.frames import acceptance_frame, paper_acceptance_frame
+from lab.charts import acceptance_chart, blocks_vs_n_chart, temperature_chart
+from lab.frames import acceptance_frame, paper_acceptance_frame, temperature_frame
 from lab.panels.base import Panel
 from lab.setup import RESULTS_DIRS
+from treewy.accept import RULES
 from treewy.env import default_device, small
 from treewy.paper import ACCEPTANCE, SHAPES
 from treewy.tree import DraftTree
 
 N_OF = {DraftTree.from_widths(s).num_drafts: s for s in SHAPES}
+TREES = {"chain (1, 1, 1)": (1, 1, 1), "tree (2, 2, 1)": (2, 2, 1), "tree (3, 3, 3)": (3, 3, 3)}
+
+
+def _model(panel: Panel):
+    """The tiny checkpoint, loaded once per panel."""
+    from treewy.models import load
+
+    return panel.cached("model", lambda: load("tiny", device=default_device()))
 
 
 class SweepPanel(Panel):
@@ -41,11 +51,6 @@ class SweepPanel(Panel):
         self.run_button.on_click(self.refresh)
         self.set(**values).refresh()  # controls have no observers: a sweep starts on Run only
 
-    def _model(self):
-        from treewy.models import load
-
-        return self.cached("model", lambda: load("tiny", device=default_device()))
-
     def _committed(self) -> pl.DataFrame:
         frames = []
         for d in RESULTS_DIRS:
@@ -59,7 +64,7 @@ class SweepPanel(Panel):
         from treewy.models.corpus import heldout_prompts
         from treewy.sweep import sweep
 
-        model = self._model()
+        model = _model(self)
         prompts = heldout_prompts(v["prompts"], 96, seed=0)
         jobs = [("tree", s) for n, s in N_OF.items() if n <= v["largest"]]
         jobs += [("chain", (1,) * k) for k in range(v["chains"][0], v["chains"][1] + 1)]
@@ -95,3 +100,123 @@ class SweepPanel(Panel):
         self.status.value = (f"{live.height} runs on {device}; best live: {best['shape']} (N = {best['N']}) at "
                              f"{best['acceptance']:.2f} tokens per step; store-all and reconstruct emitted "
                              f"{'the same' if same else 'DIFFERENT'} tokens per step on every shape")
+
+
+class DecodePanel(Panel):
+    """One speculative decode of a prompt at a chosen temperature: the text, the steps it took and the
+    tokens per step, with a progress bar over the tokens."""
+
+    title = "One decode on the tiny checkpoint at a temperature (0 = greedy)"
+
+    def __init__(self, **values):
+        super().__init__()
+        self.controls = {
+            "prompt": w.Text(value="def fibonacci(n):\n    ", description="prompt"),
+            "temperature": w.FloatSlider(value=0.0, min=0.0, max=1.5, step=0.05, description="temperature",
+                                         continuous_update=False),
+            "drafter": w.Dropdown(options=["mtp", "ngram"], value="mtp", description="drafter"),
+            "tree": w.Dropdown(options=list(TREES), value="tree (3, 3, 3)", description="tree"),
+            "rule": w.Dropdown(options=list(RULES), value="match", description="rule"),
+            "seed": w.IntText(value=0, description="seed"),
+            "tokens": w.IntSlider(value=48, min=8, max=128, step=8, description="new tokens", continuous_update=False),
+        }
+        self.text = w.HTML()
+        self.run_button = w.Button(description="Run", icon="play", button_style="primary")
+        self.progress = w.IntProgress(min=0, max=1, description="tokens")
+        self.run_button.on_click(self.refresh)
+        self.controls["temperature"].observe(self.refresh, names="value")  # the slider decodes again on release
+        self.set(**values).refresh()
+
+    def _tick(self, done: int, total: int) -> None:
+        self.progress.max, self.progress.value = total, done
+
+    def update(self) -> None:
+        import html
+
+        from treewy.decode import generate
+        from treewy.models.tokenizer import decode, encode
+
+        v = {k: c.value for k, c in self.controls.items()}
+        self.status.value = f"decoding at temperature {v['temperature']:.2f}…"
+        res = self.cached(tuple(v.values()), lambda: generate(
+            _model(self), [encode(v["prompt"])], drafter=v["drafter"], tree=TREES[v["tree"]],
+            max_new_tokens=v["tokens"], temperature=v["temperature"], seed=v["seed"], rule=v["rule"],
+            progress=self._tick))
+        self.result = res
+        self.text.value = (f"<pre style='white-space:pre-wrap;margin:0'><b>{html.escape(v['prompt'])}</b>"
+                           f"{html.escape(decode(res.tokens[0]))}</pre>")
+        how = "greedy" if res.sampling is None else f"sampled ({v['rule']}, seed {v['seed']})"
+        self.status.value = (f"{len(res.tokens[0])} tokens in {len(res.steps)} steps: "
+                             f"{res.acceptance_length:.2f} tokens per step, {how}, {v['drafter']} drafts on a "
+                             f"{v['tree']}")
+
+    def layout(self) -> w.Widget:
+        box = super().layout()
+        box.children = (*box.children[:-2], self.text, *box.children[-2:])
+        return box
+
+
+class TemperaturePanel(Panel):
+    """Acceptance length against temperature for a chain and a tree, every acceptance rule: the committed
+    sweep (both drafters) beside a live one for the chosen drafter."""
+
+    title = "Acceptance against temperature on the tiny checkpoint: committed sweep (solid) and live (dashed)"
+
+    def __init__(self, **values):
+        super().__init__()
+        few = small()
+        self.controls = {
+            "drafter": w.Dropdown(options=["mtp", "ngram"], value="mtp", description="drafter"),
+            "temperatures": w.SelectMultiple(options=[0.0, 0.25, 0.5, 0.75, 1.0, 1.25],
+                                             value=(0.0, 1.0) if few else (0.0, 0.5, 1.0), description="temperatures",
+                                             rows=6),
+            "prompts": w.IntSlider(value=2 if few else 8, min=1, max=32, description="prompts",
+                                   continuous_update=False),
+            "tokens": w.IntSlider(value=16 if few else 48, min=8, max=128, step=8, description="new tokens",
+                                  continuous_update=False),
+        }
+        self.run_button = w.Button(description="Run", icon="play", button_style="primary")
+        self.progress = w.IntProgress(min=0, max=1, description="sweep")
+        self.run_button.on_click(self.refresh)
+        self.set(**values).refresh()  # a sweep starts on Run only
+
+    def _committed(self) -> pl.DataFrame:
+        frames = []
+        for d in RESULTS_DIRS:
+            for path in sorted(d.glob("*_tiny_temperature_sweep.parquet")) if d.is_dir() else []:
+                df = pl.read_parquet(path)
+                frames.append(temperature_frame(df, f"tiny, {df['device'][0]}, {df['date'][0]} (committed)"))
+        return pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame()
+
+    def _sweep(self, v: dict) -> pl.DataFrame:
+        from treewy.models.corpus import heldout_prompts
+        from treewy.sampling.sweep import temperature_sweep
+
+        def on_job(i, n, job):
+            self.progress.max, self.progress.value = n, i
+            self.status.value = f"run {i + 1} of {n}: {job[0]} drafts, {job[1]}, rule {job[2]}, temperature {job[3]}…"
+
+        df = temperature_sweep(_model(self), heldout_prompts(v["prompts"], 96, seed=0), drafters=[v["drafter"]],
+                               temperatures=sorted(v["temperatures"]), max_new_tokens=v["tokens"], progress=False,
+                               on_job=on_job)
+        self.progress.value = self.progress.max
+        return df
+
+    def update(self) -> None:
+        v = {k: c.value for k, c in self.controls.items()}
+        if not v["temperatures"]:
+            raise ValueError("temperatures: select at least one (ctrl/shift-click for several)")
+        live = self.cached(tuple(v.values()), lambda: self._sweep(v))
+        self.frames["live"] = live
+        acc = temperature_frame(live, f"tiny, {live['device'][0]}, now (live)")
+        committed = self.committed = self.cached("committed", self._committed)
+        if not committed.is_empty():
+            acc = pl.concat([committed.filter(pl.col("drafter") == v["drafter"]), acc], how="vertical_relaxed")
+        self.frames["temperature"] = acc
+        self.show_chart("temperature", temperature_chart(acc, f"{v['drafter']} drafts: tokens per step"))
+        hot = live.filter(pl.col("temperature") == live["temperature"].max())
+        best = hot.sort("acceptance").tail(1).row(0, named=True)
+        self.status.value = (f"{live.height} live rows on {live['device'][0]}; at temperature {best['temperature']} "
+                             f"the most tokens per step: {best['acceptance']:.2f} ({best['shape']}, rule "
+                             f"{best['rule']})" + ("" if not committed.is_empty() else
+                                                    "; no committed sweep found (benchmarks/temperature_sweep.py)"))

@@ -1,0 +1,62 @@
+"""Notebook 04's panels headless: the decode follows the temperature slider, the temperature sweep runs live
+beside the committed one, and the acceptance chart's legend keeps full labels and fixed colours."""
+
+import polars as pl
+import pytest
+
+pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_decode_panel_follows_the_temperature_slider():
+    from lab.panels.sweep import DecodePanel
+    from treewy.decode import generate
+    from treewy.models.tokenizer import encode
+
+    p = DecodePanel(tokens=16, tree="chain (1, 1, 1)")
+    assert p.error is None and p.result.sampling is None and "greedy" in p.status.value
+    greedy = generate(p.cached("model", None), [encode(p.controls["prompt"].value)], max_new_tokens=16)
+    assert p.result.tokens == greedy.tokens
+    assert p.progress.value == p.progress.max > 0
+    p.set(rule="rrs")                # other controls wait for Run...
+    assert p.result.sampling is None
+    p.set(temperature=1.0)           # ...the slider decodes again when released
+    assert p.result.sampling.temperature == 1.0 and p.result.sampling.rule == "rrs"
+    assert "sampled (rrs, seed 0)" in p.status.value and "tokens per step" in p.status.value
+    assert "<pre" in p.text.value
+
+
+def test_temperature_panel_runs_live_beside_the_committed_sweep():
+    from lab.panels.sweep import TemperaturePanel
+
+    p = TemperaturePanel(temperatures=(0.0, 1.0), prompts=1, tokens=8)
+    live = p.frames["live"]
+    assert set(live["rule"]) == {"match", "rrs", "rrs_wor"} and set(live["temperature"]) == {0.0, 1.0}
+    assert set(live["shape"]) == {"(1, 1, 1)", "(3, 3, 3)"}
+    sources = set(p.frames["temperature"]["source"])
+    assert any(s.endswith("(live)") for s in sources) and any(s.endswith("(committed)") for s in sources)
+    assert set(p.frames["temperature"]["drafter"]) == {"mtp"}
+    assert "at temperature 1.0 the most tokens per step" in p.status.value
+    p.set(temperatures=())
+    with pytest.raises(ValueError, match="select at least one"):
+        p.refresh()
+
+
+def test_acceptance_legend_keeps_labels_and_colours():
+    from lab.charts import acceptance_chart
+
+    def frame(sources):
+        return pl.DataFrame({"drafter": "mtp", "kind": "tree", "shape": "(1,)", "N": 1, "acceptance": 2.0,
+                             "acceptance_lo": 1.9, "acceptance_hi": 2.1, "source": sources})
+
+    live, committed, paper = ("tiny, CPU, now (live)", "tiny, NVIDIA H200, 2026-11-29 (committed)",
+                              "paper: Qwen3.5-35B-A3B, B200 (measured)")
+    colours = []
+    for sources in ([live, committed, paper], [live, committed]):  # mtp shows the paper, ngram does not
+        spec = acceptance_chart(frame(sources), "t").to_dict()
+        enc = spec["layer"][-1]["encoding"]["color"]
+        assert enc["legend"]["labelLimit"] == 0
+        colours.append(dict(zip(enc["scale"]["domain"], enc["scale"]["range"])))
+        assert "95 % interval" in spec["title"]["subtitle"]
+    assert colours[0][live] == colours[1][live] and colours[0][committed] == colours[1][committed]
