@@ -147,7 +147,7 @@ def test_kernel_targets_frame_reads_the_committed_targets(tmp_path):
     df = kernel_targets_frame()
     assert df.height >= 12 and set(df["result"]) <= {"PASS", "FAIL", "report"}
     assert all(s.endswith("(measured)") for s in df["source"])
-    assert {t.split()[0] for t in df["target"]} == {"1", "2", "3", "4", "5", "6"}
+    assert {"1", "2", "3", "4", "5", "6"} <= {t.split()[0] for t in df["target"]}   # every target of the issue
     path = tmp_path / "targets_x.json"
     path.write_text(json.dumps(dict(device="GPU X", date="2026-01-01", targets=[
         dict(target="1 step", measured=250.0, bar="<= 300", ok=True, unit="us"),

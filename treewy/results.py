@@ -78,6 +78,7 @@ def _with_provider(row: dict, data: dict) -> dict:
         return row
     kernel = row.get("kernel")
     return {**row, "provider": kernel if kernel in ("fla", "store_all") else "treewy", "num_nodes": row.get("T"),
+            "fits": True,   # a timed row ran, so its state (store-all: its snapshots) fitted on the device
             "tree": TREES_BY_NODES.get(row.get("T")), "model": data.get("model", "35B-A3B"), "HV": data.get("HV", 32)}
 
 

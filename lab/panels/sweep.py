@@ -19,6 +19,27 @@ N_OF = {DraftTree.from_widths(s).num_drafts: s for s in SHAPES}
 TREES = {"chain (1, 1, 1)": (1, 1, 1), "tree (2, 2, 1)": (2, 2, 1), "tree (3, 3, 3)": (3, 3, 3)}
 
 
+def _sweep_controls(panel: Panel, few: bool, prompts: int) -> dict:
+    """The prompts and new-tokens sliders of a sweep panel; also gives it a Run button and a progress bar."""
+    panel.run_button = w.Button(description="Run", icon="play", button_style="primary")
+    panel.progress = w.IntProgress(min=0, max=1, description="sweep")
+    panel.run_button.on_click(panel.refresh)
+    return {"prompts": w.IntSlider(value=2 if few else prompts, min=1, max=32, description="prompts",
+                                   continuous_update=False),
+            "tokens": w.IntSlider(value=16 if few else 48, min=8, max=128, step=8, description="new tokens",
+                                  continuous_update=False)}
+
+
+def _committed_sweeps(pattern: str, to_frame) -> pl.DataFrame:
+    """Every committed sweep matching ``pattern`` in RESULTS_DIRS, each through ``to_frame(df, label)``."""
+    frames = []
+    for d in RESULTS_DIRS:
+        for path in sorted(d.glob(pattern)) if d.is_dir() else []:
+            df = pl.read_parquet(path)
+            frames.append(to_frame(df, f"tiny, {df['device'][0]}, {df['date'][0]} (committed)"))
+    return pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame()
+
+
 def _model(panel: Panel):
     """The tiny checkpoint, loaded once per panel."""
     from treewy.models import load
@@ -41,24 +62,12 @@ class SweepPanel(Panel):
                                          continuous_update=False, style={"description_width": "initial"}),
             "chains": w.IntRangeSlider(value=(1, 3) if few else (1, 6), min=1, max=6, description="chains k",
                                        continuous_update=False),
-            "prompts": w.IntSlider(value=2 if few else 16, min=1, max=32, description="prompts",
-                                   continuous_update=False),
-            "tokens": w.IntSlider(value=16 if few else 48, min=8, max=128, step=8, description="new tokens",
-                                  continuous_update=False),
+            **_sweep_controls(self, few, prompts=16),
         }
-        self.run_button = w.Button(description="Run", icon="play", button_style="primary")
-        self.progress = w.IntProgress(min=0, max=1, description="sweep")
-        self.run_button.on_click(self.refresh)
         self.set(**values).refresh()  # controls have no observers: a sweep starts on Run only
 
     def _committed(self) -> pl.DataFrame:
-        frames = []
-        for d in RESULTS_DIRS:
-            for path in sorted(d.glob("*_tiny_sweep*.parquet")) if d.is_dir() else []:
-                df = pl.read_parquet(path)
-                device, date = df["device"][0], df["date"][0]
-                frames.append(acceptance_frame(df, f"tiny, {device}, {date} (committed)"))
-        return pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame()
+        return _committed_sweeps("*_tiny_sweep*.parquet", acceptance_frame)
 
     def _sweep(self, v: dict) -> pl.DataFrame:
         from treewy.models.corpus import heldout_prompts
@@ -170,23 +179,12 @@ class TemperaturePanel(Panel):
             "temperatures": w.SelectMultiple(options=[0.0, 0.25, 0.5, 0.75, 1.0, 1.25],
                                              value=(0.0, 1.0) if few else (0.0, 0.5, 1.0), description="temperatures",
                                              rows=6),
-            "prompts": w.IntSlider(value=2 if few else 8, min=1, max=32, description="prompts",
-                                   continuous_update=False),
-            "tokens": w.IntSlider(value=16 if few else 48, min=8, max=128, step=8, description="new tokens",
-                                  continuous_update=False),
+            **_sweep_controls(self, few, prompts=8),
         }
-        self.run_button = w.Button(description="Run", icon="play", button_style="primary")
-        self.progress = w.IntProgress(min=0, max=1, description="sweep")
-        self.run_button.on_click(self.refresh)
         self.set(**values).refresh()  # a sweep starts on Run only
 
     def _committed(self) -> pl.DataFrame:
-        frames = []
-        for d in RESULTS_DIRS:
-            for path in sorted(d.glob("*_tiny_temperature_sweep.parquet")) if d.is_dir() else []:
-                df = pl.read_parquet(path)
-                frames.append(temperature_frame(df, f"tiny, {df['device'][0]}, {df['date'][0]} (committed)"))
-        return pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame()
+        return _committed_sweeps("*_tiny_temperature_sweep.parquet", temperature_frame)
 
     def _sweep(self, v: dict) -> pl.DataFrame:
         from treewy.models.corpus import heldout_prompts
