@@ -1,0 +1,46 @@
+"""benchmarks/vllm_serve_gpu.py's verdict: outputs against treewy's (as prefixes), and the two modes' counters."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "vllm_serve_gpu.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("vllm_serve_gpu", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _phase(outputs, accepted):
+    return {"outputs": outputs, "seconds": 1.0,
+            "counters": {"drafts": 2, "draft_tokens": 6, "accepted": accepted, "preemptions": 0,
+                         "accepted_per_pos": [accepted, 0, 0]}}
+
+
+def test_verdict_counts_prefix_matches_and_compares_the_modes():
+    ref = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    report = {"treewy_generate": ref, "runs": [
+        {"mode": "store_all", "tag": "graphs", "phases": {"c1": _phase([[1, 2], [5, 6]], 3)}},
+        {"mode": "reconstruct", "tag": "graphs", "phases": {"c1": _phase([[1, 2], [5, 9]], 4)}},
+        {"mode": "store_all", "tag": "preempt", "error": "ServeError: refused"},
+    ]}
+    v = _script().compare(report)
+    rows = {r["run"]: r for r in v["phases"]}
+    assert rows["graphs/store_all/c1"]["equal_to_treewy"] == 2
+    assert rows["graphs/reconstruct/c1"]["equal_to_treewy"] == 1
+    pair = rows["graphs/c1 store_all vs reconstruct"]
+    assert pair["outputs_equal"] == 1 and pair["counters_equal"] is False
+    assert rows["preempt/store_all"]["error"] == "ServeError: refused"
+    assert v["all_equal"] is False
+
+
+def test_capacity_lines_are_read_from_vllms_log():
+    log = ("INFO [gpu_worker.py:560] Available KV cache memory: 56.99 GiB\n"
+           "INFO [kv_cache_utils.py:2177] GPU KV cache size: 1,037,516 tokens\n"
+           "INFO [kv_cache_utils.py:2178] Maximum concurrency for 8,192 tokens per request: 126.65x\n")
+    assert _script().kv_capacity(log) == {"kv_cache_tokens": 1037516, "max_concurrency_at_len": 8192,
+                                          "max_concurrency": 126.65, "available_kv_gib": 56.99}
