@@ -253,7 +253,6 @@ def measure_rows(b: Bench, write):
 
 def capture_vs_eager(b: Bench, write):
     """Item 8: the kernel a captured step launches is the eager one; replays equal eager; eager vs graph time."""
-    d = b.dims
     for widths in ((1, 1, 1), (3, 3, 3)):
         tree, B = tree_of(widths), b.batch(256)
         T = tree.num_nodes

@@ -237,7 +237,7 @@ def test_model_shapes_bf16_within_twice_the_input_rounding_error(kernel, widths,
     error that rounding the inputs to bf16 alone causes (the fp64 reference run on the rounded inputs); fp32
     inputs stay within 1e-5 (tf32 products split where they feed u and the state, or exact fp32)."""
     tree = DraftTree.from_widths(widths)
-    B, T, H, HV, K, V = 4, tree.num_nodes, 16, 32, 128, 128
+    B, H, HV, K, V = 4, 16, 32, 128, 128
     gen = torch.Generator().manual_seed(5)
     S, pend, w1, (ro, ru, rS) = case_step(B, H, HV, K, V, tree.parents, tree.parents, gen)
     state = S.clone()

@@ -33,7 +33,7 @@ WEIGHT_PREFIX = ("model.", "model.language_model.")
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map, which the byte-level pre-tokenizer and decoder use."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars, n = {}, 0
     for b in range(256):
         if b in keep:
@@ -171,7 +171,7 @@ def dummy_text_config(name: str) -> dict:
 
 
 def export_dummy(name: str, out, *, max_len: int = 8192, overwrite: bool = False) -> Path:
-    """A folder for ``vllm serve --load-format dummy``: the composite config of preset ``name`` and the byte tokenizer."""
+    """A folder for ``vllm serve --load-format dummy``: preset ``name``'s composite config and the byte tokenizer."""
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"{out} exists and is not empty: pick another folder or pass overwrite=True (--force)")

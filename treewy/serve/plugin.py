@@ -26,7 +26,6 @@ import dataclasses
 import importlib
 import os
 
-import torch
 
 from treewy.serve import vllm_adapter as adapter
 from treewy.serve.reconstruct import ReconstructPools, chain_config, flush_slots, spec_step, stash_layout

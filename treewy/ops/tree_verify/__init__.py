@@ -6,7 +6,7 @@ once (``fold.py``), the choice of family (``select.py``) and the launcher and pu
 On a machine without CUDA, importing this package sets TRITON_INTERPRET=1 (see treewy/ops/_triton.py).
 """
 
-from treewy.ops.tree_verify.common import MAX_KERNEL_NODES, _program, _recurrent_node
+from treewy.ops.tree_verify.common import MAX_KERNEL_NODES
 from treewy.ops.tree_verify.select import KERNELS, LAUNCHES, select_kernel
 from treewy.ops.tree_verify.tuning import DOT_PRECISIONS, PRECISION_ENV, batch_bucket, default_dot_precision
 from treewy.ops.tree_verify.verify import KERNEL_FNS, tree_verify, tree_verify_fwd
