@@ -85,12 +85,14 @@ def pack_index(cu_seqlens: torch.Tensor, B: int, T: int):
     return src, live, lens.to(torch.int32)
 
 
-def unpack_index(cu_seqlens: torch.Tensor, B: int, N: int):
-    """(row, col) [N] int64: the window slot of each of N packed tokens (no host sync)."""
+def unpack_index(cu_seqlens: torch.Tensor, B: int, N: int, T: int):
+    """(row, col) [N] int64: the window slot of each of N packed tokens (no host sync). Tokens past
+    ``cu_seqlens[B]`` (a CUDA graph replayed for more tokens than the step has: vLLM pads the token count, and
+    its padding requests have no tokens) get some valid slot: their outputs are padding too."""
     cu = cu_seqlens[: B + 1].long()
     j = torch.arange(N, device=cu.device)
     row = torch.searchsorted(cu[1:], j, right=True).clamp(max=B - 1)
-    return row, j - cu[row]
+    return row, (j - cu[row]).clamp(min=0, max=T - 1)
 
 
 def _windows(x: torch.Tensor, src: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
@@ -130,7 +132,7 @@ def spec_step(pools: ReconstructPools, slots: torch.Tensor, num_accepted: torch.
     pools.k[slot] = kw.to(pools.k.dtype)
     pools.g[slot] = gw
     pools.meta[slot, 0] = torch.where(real, lens, 0)
-    row, col = unpack_index(cu_seqlens, B, N)
+    row, col = unpack_index(cu_seqlens, B, N, T)
     return o[row, col]
 
 
