@@ -23,11 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from treewy.ops import naive_tree_verify  # noqa: E402
 from treewy.ops.tree_verify.wy import STREAM_CONFIGS, wy_prepare_fwd, wy_stream_fwd  # noqa: E402
+from treewy.testing import rel_err  # noqa: E402
 from treewy.tree import DraftTree  # noqa: E402
-
-
-def rel(x, ref):
-    return float((x.double() - ref).norm() / ref.norm())
 
 
 def main(argv=None) -> int:
@@ -66,7 +63,7 @@ def main(argv=None) -> int:
                 wy_stream_fwd(x[0], x[1], x[2], S.to(dev).clone(), None, prep, None, False, o, u, sp, config=config)
                 torch.cuda.synchronize() if dev == "cuda" else None
                 row = {"tree": str(widths), "inputs": str(dtype).replace("torch.", ""), "prepare": pp, "stream": sp,
-                       "config": cfg, "o_err": rel(o.cpu(), o_ref), "u_err": rel(u.cpu(), u_ref)}
+                       "config": cfg, "o_err": rel_err(o.cpu(), o_ref), "u_err": rel_err(u.cpu(), u_ref)}
                 rows.append(row)
                 print(f"{row['tree']} {row['inputs']:8s} prepare {pp:10s} stream {sp:10s} cfg {str(cfg):18s} "
                       f"o {row['o_err']:.2e}  u {row['u_err']:.2e}", flush=True)

@@ -16,9 +16,9 @@ import torch
 
 from treewy.ops.gates import l2norm
 from treewy.ops.naive import naive_tree_recurrent
+from treewy.ops.tree_verify.chain import fixed_config
 from treewy.serve.reconstruct import (
     ReconstructPools,
-    chain_config,
     flush_slots,
     pack_index,
     reset_slots,
@@ -111,7 +111,7 @@ def test_reconstruct_pool_equals_store_all(seed):
         cu = torch.tensor([0] + list(torch.cumsum(torch.tensor(lens + [0] * pad), 0)), dtype=torch.int32)
         packed = [torch.cat([w[i] for w in windows]) for i in range(5)]
         acc_t = torch.tensor(num_acc + [1] * pad)
-        o = spec_step(pools, *_dev(slots, acc_t, *packed), cu_seqlens=cu.to(DEVICE), config=chain_config(K, V)).cpu()
+        o = spec_step(pools, *_dev(slots, acc_t, *packed), cu_seqlens=cu.to(DEVICE), config=fixed_config()).cpu()
         refs = []
         for rid, w in zip(rids, windows):
             o_ref, states = _store_all(live[rid][1], w)

@@ -28,7 +28,7 @@ import os
 
 
 from treewy.serve import vllm_adapter as adapter
-from treewy.serve.reconstruct import ReconstructPools, chain_config, flush_slots, spec_step, stash_layout
+from treewy.serve.reconstruct import ReconstructPools, flush_slots, spec_step, stash_layout
 
 _PATCHED = "_treewy_reconstruct_patched"
 _ACTIVE_LAYER = contextvars.ContextVar("treewy_active_gdn_layer", default=None)
@@ -111,6 +111,7 @@ def _layer_class(gdn):
     from vllm.v1.kv_cache_interface import MambaSpec
 
     from treewy.ops.gates import gdn_gating
+    from treewy.ops.tree_verify.chain import fixed_config
 
     class TreeWYGatedDeltaNetAttention(getattr(gdn, adapter.GDN_LAYER)):
         """One state block per request; the pending commit folded into the next verify."""
@@ -123,7 +124,7 @@ def _layer_class(gdn):
             for flag in adapter.FUSED_PATH_FLAGS:
                 if hasattr(self, flag):
                     setattr(self, flag, False)
-            self.treewy_config = chain_config(self.head_k_dim, self.head_v_dim)
+            self.treewy_config = fixed_config()
 
         def get_kv_cache_spec(self, vllm_config):
             spec = super().get_kv_cache_spec(vllm_config)

@@ -110,7 +110,7 @@ def spec_step(pools: ReconstructPools, slots: torch.Tensor, num_accepted: torch.
     (vLLM's ``num_accepted_tokens``; ignored where nothing is pending); q, k [N, H, K] and v
     [N, HV, V] packed by ``cu_seqlens`` [B + 1]; g (log decay), beta [N, HV]. ``config``: a
     ``triton.Config`` of the chain kernel to launch without autotuning (an engine's pool is too
-    large to benchmark configs on; see ``chain_config``).
+    large to benchmark configs on: ``treewy.ops.tree_verify.chain.fixed_config``).
     """
     from treewy.ops.tree_verify import tree_verify_fwd
 
@@ -161,15 +161,3 @@ def reset_slots(pools: ReconstructPools, slots: torch.Tensor) -> None:
     """Forget the pending window of these slots (a prefill wrote their state from scratch)."""
     s = slots.long()
     pools.meta[s[s > 0], 0] = 0
-
-
-def chain_config(K: int, V: int):
-    """A fixed launch config of the chain kernel (``treewy.ops.tree_verify.chain``): BV = 8 value rows per
-    program, one warp, the layout of fla's fused_recurrent that this kernel was measured fastest in
-    (benchmarks/NOTES.md), narrowed to small value heads; one stage under the interpreter."""
-    import triton
-
-    from treewy.ops._triton import INTERPRET
-
-    bv = min(8, triton.next_power_of_2(V))
-    return triton.Config({"BV": bv}, num_warps=1) if INTERPRET else triton.Config({"BV": bv}, num_warps=1, num_stages=3)

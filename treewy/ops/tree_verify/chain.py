@@ -32,6 +32,12 @@ def _configs():
     return [triton.Config({"BV": 8}, num_warps=1, num_stages=s) for s in (3, 1)]
 
 
+def fixed_config():
+    """The config to pin where autotuning cannot run (a serving engine's state pool is too large to benchmark
+    configs on): the first tuned one, BV = 8 on one warp, fla's fused_recurrent layout."""
+    return _configs()[0]
+
+
 @triton.autotune(configs=_configs(), key=KEY, restore_value=["h0"],
                  prune_configs_by=None if INTERPRET else {"early_config_prune": fit_v}, **AUTOTUNE_EXTRA)
 @triton.jit(do_not_specialize=["T", "PT", "stride_ppb", "stride_pu", "stride_pk", "stride_pg", "B_BUCKET"])
