@@ -10,13 +10,23 @@ third server per mode runs a pool of --preempt-blocks blocks (``--num-gpu-blocks
 enough that requests are preempted. Per phase it records every output, the spec-decode counters
 (drafts, draft tokens, accepted, accepted per position) and preemptions from ``/metrics``, and vLLM's
 own KV-cache capacity lines from the log. Then ``treewy.decode.generate`` (MTP chain (1, 1, 1), the
-committed GPU kernels) writes the same prompts, and every output is compared. Writes tiny.json and
+committed GPU kernels) writes the same prompts, and every output is compared. Writes tiny_<modes>.json and
 the server logs.
 
 ``sweep``: the 35B-A3B architecture with dummy weights (``treewy export-vllm --dummy``), one mode per
-call, ``treewy bench-serve`` over the given concurrencies and workloads, the tidy table and the
-server log; with --kill-at N the engine process is killed once after N finished points (the sweep
-must record the failed point and resume).
+call, ``treewy bench-serve`` over the given concurrencies and workloads (closed loops of one wave:
+max(4, concurrency) requests per point), the tidy table and the server log.
+
+``fault``: the tiny model through the same sweep; the engine is killed once after the first point, then
+the sweep is resumed with retry_failed.
+
+``compare`` (CPU): merges ``tiny`` reports written by separate processes (one mode each, e.g. one per GPU)
+and writes the verdict.
+
+``--compile decode`` starts vLLM without torch.compile and with full CUDA graphs for decode steps only
+(``{"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}``): the spec-decode steps still replay graphs, and the
+server starts in a fraction of the time. ``--compile default`` keeps vLLM's default (compiled,
+FULL_AND_PIECEWISE). Give each concurrent process its own GPU (CUDA_VISIBLE_DEVICES) and --port.
 """
 
 from __future__ import annotations
@@ -36,9 +46,12 @@ sys.path.insert(0, str(ROOT))
 
 from treewy.serve.launcher import ServeOptions, VLLMServer, build_command  # noqa: E402
 from treewy.serve.metrics import parse_prometheus  # noqa: E402
+from treewy.workloads import MEASURED_WORKLOADS  # noqa: E402
 
 VLLM_026_ARGS = ["--language-model-only", "--gdn-prefill-backend", "triton"]
 ENV_026 = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+COMPILE = {"default": [],
+           "decode": ["--compilation-config", json.dumps({"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})]}
 KV_LINES = (re.compile(r"GPU KV cache size: ([\d,]+) tokens"),
             re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"),
             re.compile(r"Available KV cache memory: ([\d.]+) GiB"))
@@ -124,6 +137,10 @@ def treewy_outputs(prompts, new_tokens: int) -> list[list[int]]:
     return [list(map(int, t)) for t in res.tokens]
 
 
+def tiny_report_path(out: Path, modes) -> Path:
+    return out / f"tiny_{'-'.join(modes)}.json"
+
+
 def cmd_tiny(args) -> int:
     from treewy.models.corpus import heldout_prompts
     from treewy.serve.export import export_vllm
@@ -139,26 +156,43 @@ def cmd_tiny(args) -> int:
     report["vllm"] = vllm.__version__
     # preempt: vLLM needs max_num_seqs <= the pool's blocks, and requests must outgrow their first attention
     # block (144-160 tokens for this model) while running, so that a full pool preempts
+    report["compile"] = {"graphs": "default", "preempt": args.compile}
     stages = (("graphs", [], (1, 32), 64, args.new_tokens),
-              ("preempt", ["--num-gpu-blocks-override", str(args.preempt_blocks)], (32,), args.preempt_seqs,
-               args.preempt_tokens))
+              ("preempt", ["--num-gpu-blocks-override", str(args.preempt_blocks)] + COMPILE[args.compile], (32,),
+               args.preempt_seqs, args.preempt_tokens))
+    path = tiny_report_path(out, args.modes)
     for tag, extra, concs, seqs, tokens in stages:
         if tag not in args.stages:
             continue
         for mode in args.modes:
             try:
-                report["runs"].append(serve_phases(model_dir, mode, prompts, tokens, out, tag, extra, concs, seqs))
+                report["runs"].append(serve_phases(model_dir, mode, prompts, tokens, out, tag, extra, concs, seqs,
+                                                   port=args.port))
             except Exception as e:  # noqa: BLE001 - recorded, the other runs go on
                 report["runs"].append({"mode": mode, "tag": tag, "error": f"{type(e).__name__}: {e}"})
                 log(f"{tag} {mode} FAILED: {e}")
-            (out / "tiny.json").write_text(json.dumps(report))
+            path.write_text(json.dumps(report))
     t0 = time.time()
     report["treewy_generate"] = treewy_outputs(prompts, max(args.new_tokens, args.preempt_tokens))
     report["treewy_generate_s"] = round(time.time() - t0, 1)
     report["verdict"] = compare(report)
-    (out / "tiny.json").write_text(json.dumps(report))
+    path.write_text(json.dumps(report))
     print(json.dumps(report["verdict"], indent=1))
     return 0 if report["verdict"]["all_equal"] else 1
+
+
+def cmd_compare(args) -> int:
+    """Merge tiny reports of separate processes (same prompts and reference) and write the joint verdict."""
+    reports = [json.loads(Path(p).read_text()) for p in args.reports]
+    merged = dict(reports[0])
+    for r in reports[1:]:
+        if r["prompts"] != merged["prompts"] or r["treewy_generate"] != merged["treewy_generate"]:
+            raise SystemExit(f"{args.out}: the reports were made from different prompts or references")
+        merged["runs"] = merged["runs"] + r["runs"]
+    merged["verdict"] = compare(merged)
+    Path(args.out).write_text(json.dumps(merged))
+    print(json.dumps(merged["verdict"], indent=1))
+    return 0 if merged["verdict"]["all_equal"] else 1
 
 
 def compare(report: dict) -> dict:
@@ -224,9 +258,9 @@ def cmd_fault(args) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model_dir = str(export_vllm(ROOT / "treewy/models/tiny", "/tmp/tiny-vllm", overwrite=True))
-    server = ServeOptions(model=model_dir, gmu=0.3, num_speculative_tokens=3, max_num_seqs=64, port=8031,
-                          max_model_len=2048, extra_args=VLLM_026_ARGS)
+    model_dir = str(export_vllm(ROOT / "treewy/models/tiny", "/tmp/tiny-vllm-fault", overwrite=True))
+    server = ServeOptions(model=model_dir, gmu=0.3, num_speculative_tokens=3, max_num_seqs=64, port=args.port,
+                          max_model_len=2048, extra_args=VLLM_026_ARGS + COMPILE[args.compile])
     cfg = SweepConfig(server=server, model_name="tiny", workloads=["smoke"], modes=[args.mode],
                       concurrencies=[1, 4, 8, 16], num_prompts=16, out=out / "fault_sweep.parquet",
                       result_dir=out / "fault_results", device="H200", health_timeout=900, point_timeout=300)
@@ -247,12 +281,15 @@ def cmd_sweep(args) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model_dir = str(export_dummy("qwen3.5-35b-a3b", "/tmp/q35b-dummy", max_len=args.max_model_len, overwrite=True))
-    server = ServeOptions(model=model_dir, gmu=args.gmu, num_speculative_tokens=3, max_num_seqs=256, port=8021,
-                          max_model_len=args.max_model_len, extra_args=VLLM_026_ARGS + ["--load-format", "dummy"])
+    model_dir = str(export_dummy("qwen3.5-35b-a3b", f"/tmp/q35b-dummy-{args.mode}", max_len=args.max_model_len,
+                                 overwrite=True))
+    server = ServeOptions(model=model_dir, gmu=args.gmu, num_speculative_tokens=3, max_num_seqs=256, port=args.port,
+                          max_model_len=args.max_model_len,
+                          extra_args=VLLM_026_ARGS + ["--load-format", "dummy"] + COMPILE[args.compile])
     cfg = SweepConfig(server=server, model_name="qwen3.5-35b-a3b", workloads=args.workloads.split(","),
                       modes=[args.mode], concurrencies=[int(c) for c in args.concurrency.split(",")],
-                      num_prompts=args.num_prompts, out=out / f"serve35b_{args.mode}.parquet",
+                      num_prompts=args.num_prompts, prompts_per_concurrency=1,
+                      out=out / f"serve35b_{args.mode}.parquet",
                       result_dir=out / "results", device="H200", health_timeout=900, point_timeout=300)
     _, bad = run_sweep(cfg, out)
     return 0 if bad == 0 else 1
@@ -271,19 +308,28 @@ def main(argv=None) -> int:
     t.add_argument("--preempt-tokens", type=int, default=160, help="new tokens per request in the preemption run")
     t.add_argument("--modes", default="store_all,reconstruct", type=lambda s: s.split(","))
     t.add_argument("--stages", default="graphs,preempt", type=lambda s: s.split(","))
+    t.add_argument("--port", type=int, default=8011)
+    t.add_argument("--compile", default="decode", choices=tuple(COMPILE), help="for the preemption stage")
     s = sub.add_parser("sweep")
     s.add_argument("--out", required=True)
     s.add_argument("--mode", required=True, choices=("store_all", "reconstruct"))
     s.add_argument("--gmu", type=float, default=0.6)
-    s.add_argument("--workloads", default="generation-heavy,balanced-chat")
-    s.add_argument("--concurrency", default="1,8,32,64,128,256")
-    s.add_argument("--num-prompts", type=int, default=64)
-    s.add_argument("--max-model-len", type=int, default=4096)
+    s.add_argument("--workloads", default=",".join(MEASURED_WORKLOADS))
+    s.add_argument("--concurrency", default="1,16,32,64,128,256")
+    s.add_argument("--num-prompts", type=int, default=4, help="at least this many requests per point")
+    s.add_argument("--max-model-len", type=int, default=2048)
+    s.add_argument("--port", type=int, default=8021)
+    s.add_argument("--compile", default="decode", choices=tuple(COMPILE))
     f = sub.add_parser("fault")
     f.add_argument("--out", required=True)
     f.add_argument("--mode", default="reconstruct", choices=("store_all", "reconstruct"))
+    f.add_argument("--port", type=int, default=8031)
+    f.add_argument("--compile", default="decode", choices=tuple(COMPILE))
+    c = sub.add_parser("compare")
+    c.add_argument("--out", required=True, help="the merged report (json)")
+    c.add_argument("reports", nargs="+")
     args = p.parse_args(argv)
-    return {"tiny": cmd_tiny, "sweep": cmd_sweep, "fault": cmd_fault}[args.cmd](args)
+    return {"tiny": cmd_tiny, "sweep": cmd_sweep, "fault": cmd_fault, "compare": cmd_compare}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ balanced-chat      random, uniform 1024 +- 20 %               uniform 1024 +- 20
 generation-heavy   random, uniform 1024 +- 20 %               uniform 8192 +- 20 %
 summarize-heavy    random, uniform 8192 +- 20 %               uniform 1024 +- 20 %
 smoke              random, uniform 64 +- 20 %                 uniform 16 +- 20 % (a quick check only)
+generation-short   random, uniform 64 +- 20 %                 uniform 512 +- 20 %
+summarize-short    random, uniform 1024 +- 20 %               uniform 128 +- 20 %
 =================  ========================================  ======================================
 
 Why these: ShareGPT as ``vllm bench serve --dataset-name sharegpt`` samples it (replies as output lengths,
@@ -26,6 +28,11 @@ input/output pairs the public InferenceMAX serving benchmarks use for chat (1k/1
 summarization (8k/1k), with vLLM's random dataset at ``--random-range-ratio 0.2``. The paper does not publish
 its exact traffic, so none of these were tuned to its table. All random outputs run to their length
 (``--ignore-eos``).
+
+The two ``-short`` workloads are what the measured serving sweep on real vLLM runs (35B-A3B with dummy
+weights on one GPU): generation-heavy at 1/16 and summarize-heavy at 1/8 of their lengths, so that every point
+finishes within a minute or two and a whole sweep over concurrency 1..256 fits in one short GPU session. Short requests make the GDN state, not the
+attention KV, most of a request's memory, so the admission knee shows at least as clearly as at full length.
 """
 
 from __future__ import annotations
@@ -53,7 +60,12 @@ CATALOGUE: dict[str, Workload] = {w.name: w for w in (
     Workload("generation-heavy", "random", 1024, 8192, 0.2),
     Workload("summarize-heavy", "random", 8192, 1024, 0.2),
     Workload("smoke", "random", 64, 16, 0.2),
+    Workload("generation-short", "random", 64, 512, 0.2),
+    Workload("summarize-short", "random", 1024, 128, 0.2),
 )}
+
+#: The two workloads of the measured 35B serving sweep on real vLLM (see above).
+MEASURED_WORKLOADS = ("generation-short", "summarize-short")
 
 #: The five workloads of the serving sweep (the paper's table is a geomean over five).
 SWEEP_WORKLOADS = ("sharegpt-chat", "spec-bench", "balanced-chat", "generation-heavy", "summarize-heavy")

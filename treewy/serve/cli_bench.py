@@ -33,7 +33,9 @@ def add_arguments(p) -> None:
     p.add_argument("--modes", default=",".join(STATE_MODES), help="comma-separated: store_all,reconstruct")
     p.add_argument("--concurrency", type=_csv(int), default=[], help="closed-loop points, e.g. 1,8,32")
     p.add_argument("--request-rate", type=_csv(float), default=[], help="open-loop points (req/s), e.g. 2,8")
-    p.add_argument("--num-prompts", type=int, default=200)
+    p.add_argument("--num-prompts", type=int, default=200, help="requests per load point (at least)")
+    p.add_argument("--prompts-per-concurrency", type=int, default=0,
+                   help="closed loops send max(--num-prompts, this x concurrency) requests, e.g. 1 for one wave")
     p.add_argument("--dataset-dir", help="folder with ShareGPT / Spec-Bench files for the workloads read from disk")
     p.add_argument("--out", default="results/serving.parquet", help="the tidy table (parquet)")
     p.add_argument("--result-dir", help="vllm bench serve result JSONs and server logs (default: next to --out)")
@@ -60,7 +62,7 @@ def run(args) -> int:
         out = Path(args.out)
         cfg = SweepConfig(server=opts, model_name=name, workloads=[w.strip() for w in args.workloads.split(",") if w.strip()],
                           modes=modes, concurrencies=args.concurrency, request_rates=args.request_rate,
-                          num_prompts=args.num_prompts, out=out,
+                          num_prompts=args.num_prompts, prompts_per_concurrency=args.prompts_per_concurrency, out=out,
                           result_dir=Path(args.result_dir) if args.result_dir else None,
                           dataset_dir=args.dataset_dir, device=args.device or device,
                           health_timeout=args.health_timeout, point_timeout=args.point_timeout,

@@ -79,6 +79,7 @@ class SweepConfig:
     concurrencies: list[int] = field(default_factory=list)
     request_rates: list[float] = field(default_factory=list)
     num_prompts: int = 200
+    prompts_per_concurrency: int = 0      # closed loops send max(num_prompts, this x concurrency) requests
     out: Path = Path("serving.parquet")
     result_dir: Path | None = None
     dataset_dir: str | None = None
@@ -103,6 +104,10 @@ class SweepConfig:
     @property
     def checkpoint(self) -> Path:
         return self.out.with_suffix(".points.jsonl")
+
+    def prompts(self, p: Point) -> int:
+        """Requests sent at a load point."""
+        return max(self.num_prompts, self.prompts_per_concurrency * (p.concurrency or 0))
 
     def key(self, p: Point) -> str:
         return json.dumps([self.model_name, self.server.num_speculative_tokens, p.workload, p.mode,
@@ -130,7 +135,7 @@ def bench_command(cfg: SweepConfig, p: Point, result_dir: Path, result_name: str
     argv = [s.vllm, "bench", "serve", "--backend", "openai", "--base-url", s.base_url,
             "--endpoint", "/v1/completions", "--model", s.served_model_name or s.model,
             *WORKLOADS[p.workload].bench_args(cfg.dataset_dir),
-            "--num-prompts", str(cfg.num_prompts), "--seed", str(cfg.seed),
+            "--num-prompts", str(cfg.prompts(p)), "--seed", str(cfg.seed),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "99",
             "--save-result", "--result-dir", str(result_dir), "--result-filename", result_name]
     if p.concurrency is not None:
@@ -173,7 +178,7 @@ def row_from_result(cfg: SweepConfig, p: Point, result: dict, metrics) -> dict:
 
 def failed_row(cfg: SweepConfig, p: Point, error: str) -> dict:
     row = _base_row(cfg, p)
-    row.update({"completed": 0, "failed": cfg.num_prompts, "error": error})
+    row.update({"completed": 0, "failed": cfg.prompts(p), "error": error})
     return row
 
 

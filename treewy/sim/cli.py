@@ -12,13 +12,14 @@ def _ints(text: str) -> tuple[int, ...]:
 def add_arguments(parser) -> None:
     from treewy.sim.sweep import CONCURRENCIES
     from treewy.sim.workloads import WORKLOADS
+    from treewy.workloads import CATALOGUE
     parser.add_argument("--model", default="qwen3.5-35b-a3b", help="preset: qwen3.5-35b-a3b, qwen3.5-397b-a17b, "
                         "qwen3-next-80b-a3b, tiny")
     parser.add_argument("--gpu", default="b200", help="b200, h200 or h100")
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--gmu", type=float, default=0.6, help="gpu-memory-utilization")
     parser.add_argument("--tree", type=_ints, default=(1, 1, 1), help="branching factors, e.g. 1,1,1 or 2,2,2")
-    parser.add_argument("--workload", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--workload", nargs="+", default=list(WORKLOADS), choices=list(CATALOGUE))
     parser.add_argument("--concurrency", type=_ints, default=CONCURRENCIES, help="e.g. 1,8,32,64,128,256")
     parser.add_argument("--state-dtype", default=None, help="GDN state dtype (default: the model's, fp32 for Qwen3.5)")
     parser.add_argument("--seed", type=int, default=0)

@@ -17,6 +17,7 @@ from treewy.results import newest_targets
 from treewy.sim.cost import StepCost
 from treewy.sim.scheduler import run
 from treewy.sim.workloads import WORKLOADS, poisson_arrivals, sample_lengths
+from treewy.workloads import CATALOGUE
 
 def rates_for_mean(mean_length: float, depth: int) -> np.ndarray:
     """Per-depth conditional acceptance rates, all equal to p, with 1 + p + ... + p^depth = mean_length.
@@ -109,7 +110,7 @@ def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6,
     model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
     gpu = gpu if isinstance(gpu, GPU) else GPU.from_name(gpu)
     modes = _as_list("mode", mode, MODES)
-    workloads = _as_list("workload", workload, None if lengths is not None else WORKLOADS)
+    workloads = _as_list("workload", workload, None if lengths is not None else list(CATALOGUE))
     kind, points = _check_points(concurrency, rate)
     if num_prompts is not None and (isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts <= 0):
         raise ValueError(f"num_prompts = {num_prompts!r}: expected a positive integer (requests per load point)")
