@@ -78,11 +78,11 @@ SERVING_METRICS = {"peak_kv_usage": "peak KV-pool usage", "peak_running": "admit
                    "output_throughput": "output throughput (tok/s)", "p99_ttft_ms": "p99 TTFT (ms)"}
 
 
-def serving_curves_chart(curves: pl.DataFrame, knee: int | None, title: str, note: str = "") -> alt.VConcatChart:
+def serving_curves_chart(curves: pl.DataFrame, knee: int | None, title: str, note: str | list[str] = "") -> alt.VConcatChart:
     """Four panels against offered concurrency, one line per (mode, source); the knee as a rule; legends below.
 
     curves: long frame (concurrency, mode, source, metric, value); ``source`` says simulated or measured;
-    ``note``: a line under the title (which kernel table priced the step)."""
+    ``note``: lines under the title (which kernel table priced the step, what the measured rows are)."""
     charts = []
     for metric, label in SERVING_METRICS.items():
         data = curves.filter(pl.col("metric") == metric)
@@ -100,7 +100,7 @@ def serving_curves_chart(curves: pl.DataFrame, knee: int | None, title: str, not
             layer = layer + rule.mark_rule(color="#666", strokeDash=[2, 2]).encode(x="knee:Q", tooltip=["label:N"])
         charts.append(layer.properties(width=280, height=160))
     return alt.vconcat(alt.hconcat(*charts[:2]), alt.hconcat(*charts[2:])).properties(
-        title=alt.Title(title, subtitle=[note] if note else []))
+        title=alt.Title(title, subtitle=[note] if isinstance(note, str) and note else list(note or [])))
 
 
 def ratio_chart(ratios: pl.DataFrame, title: str) -> alt.FacetChart:

@@ -128,3 +128,38 @@ not a sample line
     assert value == 7.0 and labels["model_name"] == 'a "quoted" {name}' and labels["engine"] == "0"
     assert [v for _, v in s["vllm:num_requests_running"]] == [3.0, 2.0]
     assert s["vllm:kv_cache_usage_perc"][0][1] == 0.5 and len(s) == 3
+
+
+def test_sigterm_stops_the_server_it_started(tmp_path, fake_env):
+    """`timeout` or a job scheduler sends SIGTERM: the sweep must stop its vLLM server, not orphan it on the port."""
+    import os
+    import signal
+    import subprocess
+    import time
+    import urllib.request
+
+    port = support.free_port()
+    code = ("import sys; from treewy.cli import main; sys.exit(main(sys.argv[1:]))")
+    argv = [sys.executable, "-c", code, "bench-serve", "--model", str(support.checkpoint(tmp_path)), "--no-gpu-check",
+            "--port", str(port), "--workloads", "smoke", "--num-prompts", "100000", "--concurrency", "1",
+            "--out", str(tmp_path / "s.parquet"), "--device", "fake", "--health-timeout", "30", "--no-progress"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ.copy())
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                return True
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 60
+    while not healthy():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()
+        time.sleep(0.1)
+    time.sleep(1.0)                                       # inside the point's requests
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) != 0
+    deadline = time.monotonic() + 15
+    while healthy():
+        assert time.monotonic() < deadline, "the server outlived the sweep that SIGTERM stopped"
+        time.sleep(0.2)

@@ -36,7 +36,12 @@ SERVING_SCHEMA: dict[str, pl.DataType] = {
     "date": pl.String,              # ISO date of the run
     "error": pl.String,             # null for a good point; why a measured point failed (treewy.serve)
     "cost_source": pl.String,       # simulator only: GDN state cost "analytic" or "measured:<kernels file>"
+    "max_num_seqs": pl.Int64,       # the server's cap on running requests (vLLM --max-num-seqs; the simulator's)
+    "weights": pl.String,           # measured only: "real", or "dummy" (--load-format dummy: acceptance meaningless)
 }
+
+#: Columns added after the first tables were written: read as null from older files.
+LATE_COLUMNS = ("max_num_seqs", "weights")
 
 
 def serving_frame(rows: list[dict]) -> pl.DataFrame:
@@ -55,6 +60,8 @@ def load_measured(*dirs) -> pl.DataFrame:
     for d in dirs:
         for path in sorted(Path(d).glob("*.parquet")) if Path(d).is_dir() else []:
             df = pl.read_parquet(path)
-            if set(SERVING_SCHEMA) <= set(df.columns):
+            missing = set(SERVING_SCHEMA) - set(df.columns)
+            if missing <= set(LATE_COLUMNS):
+                df = df.with_columns(pl.lit(None, SERVING_SCHEMA[c]).alias(c) for c in missing)
                 frames.append(df.select(list(SERVING_SCHEMA)).filter(~pl.col("simulated")))
     return pl.concat(frames) if frames else serving_frame([])

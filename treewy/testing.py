@@ -57,6 +57,6 @@ def random_gdn_inputs(parents, B: int = 2, H: int = 2, HV: int = 4, K: int = 16,
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """Relative RMS error ||x - ref|| / ||ref||, computed in fp64 (NaN anywhere gives NaN)."""
-    x, ref = x.double(), ref.double()
+    """Relative RMS error ||x - ref|| / ||ref||, computed in fp64 on ref's device (NaN anywhere gives NaN)."""
+    x, ref = x.double().to(ref.device), ref.double()
     return float((x - ref).norm() / ref.norm().clamp_min(1e-300))

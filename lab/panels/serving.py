@@ -10,14 +10,19 @@ from lab.charts import MODE_NAMES, ratio_chart, serving_curves_chart
 from lab.frames import measured_matching, paper_ratios_frame, ratios_frame, serving_curves_frame
 from lab.panels.base import Panel
 from lab.setup import RESULTS_DIRS
-from treewy.memory import GPU, ModelSpec
+from treewy.memory import GPU, ModelSpec, ServerConfig
 from treewy.schema import load_measured
 from treewy.paper import SERVING_RATIOS, SHAPES
-from treewy.sim import CONCURRENCIES, WORKLOADS, knee, ratio_table, simulate
+from treewy.sim import CONCURRENCIES, knee, ratio_table, simulate
+from treewy.workloads import CATALOGUE
 
 MODELS = ["qwen3.5-35b-a3b", "qwen3.5-397b-a17b", "qwen3-next-80b-a3b"]
 GPUS = ["b200", "h200", "h100"]
 TREES = {str(s): s for s in SHAPES} | {f"chain {k}": (1,) * k for k in (1, 2, 4, 5, 6)}
+#: What the drafts achieve: the paper's acceptance, or none at all (a server with dummy weights accepts nothing).
+ACCEPTANCE = {"paper's": None, "none (dummy weights)": 1.0}
+DUMMY_NOTE = ("dummy weights: acceptance is meaningless there; memory, admission, preemptions, TTFT and throughput "
+              "are real")
 
 
 class ServingPanel(Panel):
@@ -32,8 +37,10 @@ class ServingPanel(Panel):
             "tp": w.Dropdown(options=[1, 2, 4, 8], value=1, description="TP"),
             "gmu": w.FloatSlider(value=0.6, min=0.3, max=0.95, step=0.05, description="gpu mem util",
                                  continuous_update=False, style={"description_width": "initial"}),
-            "workload": w.Dropdown(options=list(WORKLOADS), value="generation-heavy", description="workload"),
+            "workload": w.Dropdown(options=list(CATALOGUE), value="generation-heavy", description="workload"),
             "tree": w.Dropdown(options=list(TREES), value="(1, 1, 1)", description="draft tree"),
+            "max_num_seqs": w.Dropdown(options=[256, 1024], value=1024, description="max seqs"),
+            "acceptance": w.Dropdown(options=list(ACCEPTANCE), value="paper's", description="acceptance"),
             "concurrency": w.SelectionRangeSlider(options=list(concurrency), index=(0, len(concurrency) - 1),
                                                   description="concurrency", continuous_update=False),
         }
@@ -58,7 +65,9 @@ class ServingPanel(Panel):
             for c in points:
                 self.status.value = f"simulating {mode} at concurrency {c}…"
                 frames.append(simulate(model=v["model"], gpu=v["gpu"], tp=v["tp"], gmu=v["gmu"], mode=mode,
-                                       tree=TREES[v["tree"]], workload=v["workload"], concurrency=[c]))
+                                       tree=TREES[v["tree"]], workload=v["workload"], concurrency=[c],
+                                       acceptance=ACCEPTANCE[v["acceptance"]],
+                                       server=ServerConfig(max_num_seqs=v["max_num_seqs"])))
                 self.progress.value += 1
         return pl.concat(frames)
 
@@ -72,16 +81,19 @@ class ServingPanel(Panel):
         self.frames["simulated"] = sim
         curves = serving_curves_frame(sim, "simulated")
         measured = measured_matching(load_measured(*self.measured_dirs), model=v["model"], gpu=v["gpu"], tp=v["tp"],
-                                     gmu=v["gmu"], tree=str(TREES[v["tree"]]), workload=v["workload"])
+                                     gmu=v["gmu"], tree=str(TREES[v["tree"]]), workload=v["workload"],
+                                     max_num_seqs=v["max_num_seqs"])
         self.frames["measured"] = measured
         if not measured.is_empty():
-            for (device, date), part in measured.group_by("device", "date"):
-                curves = pl.concat([curves, serving_curves_frame(part, f"vLLM measured ({device}, {date})")])
+            for (device, date, weights), part in measured.group_by("device", "date", "weights", maintain_order=True):
+                label = f"vLLM measured ({device}, {date}{', dummy weights' if weights == 'dummy' else ''})"
+                curves = pl.concat([curves, serving_curves_frame(part, label)])
         self.frames["curves"] = curves
         k = knee(sim)
         title = (f"SIMULATED · {v['model']} · {v['gpu'].upper()} TP{v['tp']} · gmu {v['gmu']:.2f} · "
-                 f"{v['workload']} · tree {v['tree']}")
-        self.show_chart("curves", serving_curves_chart(curves, k, title, cost_note(sim)))
+                 f"{v['workload']} · tree {v['tree']} · max seqs {v['max_num_seqs']} · {v['acceptance']} acceptance")
+        notes = [cost_note(sim)] + ([f"measured with {DUMMY_NOTE}"] if "dummy" in measured["weights"].to_list() else [])
+        self.show_chart("curves", serving_curves_chart(curves, k, title, notes))
         ratios = ratios_frame(ratio_table(sim), "simulated")
         if v["model"] == "qwen3.5-35b-a3b" and v["gpu"] == "b200" and v["tp"] == 1 and v["tree"] == "(1, 1, 1)":
             # the paper's ratios are a geomean over five workloads at gmu 0.6: shown for orientation

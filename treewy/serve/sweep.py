@@ -8,11 +8,13 @@ resumes where it stopped. A failed point becomes a row with ``error`` set, never
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -150,7 +152,18 @@ def _base_row(cfg: SweepConfig, p: Point) -> dict:
     return {"model": cfg.model_name, "gpu": cfg.device, "tp": s.tp, "gmu": s.gmu, "workload": p.workload,
             "mode": p.mode, "tree": str((1,) * s.num_speculative_tokens), "num_drafts": s.num_speculative_tokens,
             "concurrency": p.concurrency, "request_rate": p.request_rate, "simulated": False,
-            "device": cfg.device, "date": _dt.date.today().isoformat()}
+            "device": cfg.device, "date": _dt.date.today().isoformat(), "max_num_seqs": s.max_num_seqs,
+            "weights": "dummy" if "dummy" in _load_format(s.extra_args) else "real"}
+
+
+def _load_format(args: list[str]) -> str:
+    """The --load-format value among vLLM's extra arguments ("" when absent)."""
+    for i, a in enumerate(args):
+        if a.startswith("--load-format="):
+            return a.split("=", 1)[1]
+        if a == "--load-format" and i + 1 < len(args):
+            return args[i + 1]
+    return ""
 
 
 def _float(x):
@@ -278,7 +291,12 @@ class Sweep:
         return row_from_result(self.cfg, p, result, metrics)
 
     def run(self, progress: bool = True) -> tuple[int, int]:
-        """Run every point not yet done; returns (points run now, points failed now)."""
+        """Run every point not yet done; returns (points run now, points failed now). A SIGTERM (``timeout``, a
+        job scheduler) stops the server like Ctrl-C does, so no vLLM is left holding the GPU and the port."""
+        with _sigterm_as_exit():
+            return self._run(progress)
+
+    def _run(self, progress: bool) -> tuple[int, int]:
         todo = self.todo()
         self.result_dir.mkdir(parents=True, exist_ok=True)
         total = len(self.cfg.points())
@@ -330,6 +348,23 @@ class Sweep:
         finally:
             bar.close()
         return ran, failed
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit():
+    """Within the block, SIGTERM raises SystemExit in the main thread, so ``finally`` clauses stop servers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def wait_port_released(host: str, port: int, timeout: float = 30.0) -> None:

@@ -153,7 +153,7 @@ def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6,
                           concurrency=int(point) if kind == "concurrency" else None, send_times=send_times, server=server)
                 rows.append(_row(res, model=model.name, gpu=gpu.name, tp=tp, gmu=gmu, workload=wl, mode=m,
                                  tree=tree_str, num_drafts=T - 1, kind=kind, point=point, date=today,
-                                 cost_source=costs[m].source))
+                                 cost_source=costs[m].source, max_num_seqs=server.max_num_seqs))
                 raw.append(res)
     df = serving_frame(rows)
     return (df, raw) if return_points else df
