@@ -38,12 +38,16 @@ def _numbers_in_json(value):
 KERNELS = ("treewy/data/targets_*.json", "benchmarks/results/targets_*.txt")
 TINY = ("treewy/data/*tiny*sweep*.parquet", "benchmarks/results/*tiny*sweep*.parquet")
 SIM = ("treewy/data/sim_*.parquet", "benchmarks/results/sim_*.txt", "treewy/paper.py")
-VLLM = ("benchmarks/results/vllm_h200_*/tiny_*.json", "benchmarks/results/vllm_h200_*/capacity_*.log")
+VLLM = ("benchmarks/results/vllm_h200_*/tiny_*.json", "benchmarks/results/vllm_h200_*/*/tiny_*.json",
+        "benchmarks/results/vllm_h200_*/capacity_*.log", "benchmarks/results/vllm_h200_*/*/fault/fault.json")
+SERVING = ("benchmarks/results/vllm_h200_*/*/serve35b/*.jsonl", "benchmarks/results/vllm_h200_*/*/serve35b/*.log",
+           "benchmarks/results/sim_vs_measured_*.txt")
 SOURCES = {
-    "README.md: Measured so far": KERNELS + TINY + VLLM + ("treewy/paper.py",),
+    "README.md: Measured so far": KERNELS + TINY + VLLM + SERVING + ("treewy/paper.py",),
     "03_kernel_parity_live": KERNELS,
     "04_acceptance_sweeps": TINY + ("treewy/paper.py",),
-    "05_serving_curves": SIM,
+    "05_serving_curves": SIM + SERVING,
+    "06_serving_with_vllm": VLLM + SERVING + SIM,
 }
 
 
@@ -52,6 +56,9 @@ def _result_values(globs) -> set[float]:
     for path in sorted({p for g in globs for p in ROOT.glob(g) if p.is_file()}):
         if path.suffix == ".json":
             values.update(_numbers_in_json(json.loads(path.read_text())))
+        elif path.suffix == ".jsonl":
+            for line in path.read_text().splitlines():
+                values.update(_numbers_in_json(json.loads(line)))
         elif path.suffix == ".parquet":
             df = pl.read_parquet(path)
             for col, dtype in df.schema.items():   # of a sweep, its acceptance columns (not its timings)
@@ -86,7 +93,7 @@ def _claims():
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Measured so far", 1)[1].split("\n## ", 1)[0]
     yield "README.md: Measured so far", section
-    for name in ("03_kernel_parity_live", "04_acceptance_sweeps", "05_serving_curves"):
+    for name in ("03_kernel_parity_live", "04_acceptance_sweeps", "05_serving_curves", "06_serving_with_vllm"):
         nb = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())
         for cell in nb["cells"]:
             text = "".join(cell["source"])

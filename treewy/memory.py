@@ -351,6 +351,10 @@ class ServerConfig:
     sampler_bytes_per_logit: float = 33.0   # fitted to that profile's peak activation (was 20, a formula)
     mtp_in_pool: bool = True                # the MTP layer's KV shares the pool with the target's
     language_model_only: bool = True        # served text-only: the vision tower is not loaded
+    # the step's fixed costs (treewy.sim.cost); assumed, unless a calibrated config says otherwise
+    host_overhead_s: float = 0.5e-3         # per engine step
+    host_per_request_s: float = 0.0         # per running request per step (scheduling, sampling, bookkeeping)
+    layer_floor_s: float = 20e-6            # per layer per forward pass
 
 
 def activation_reserve_bytes(model: ModelSpec, tp: int = 1, mode: str = "store_all", tree=(1, 1, 1),

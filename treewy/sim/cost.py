@@ -25,8 +25,9 @@ flops / peak)`` on one GPU, and the parts add up:
 
 Constants and where they come from: achievable bandwidth = 0.89 x spec (calibrated on one number:
 our H200's device copy ran at 4.27 of 4.8 TB/s, DESIGN §5); achievable compute = 0.5 x dense bf16
-peak, 20 us latency floor per layer and 0.5 ms host overhead per step: assumptions, not calibrated.
-None was tuned to the paper's serving table.
+peak, 20 us latency floor per layer and 0.5 ms host overhead per step: assumptions, not calibrated
+(``ServerConfig``'s defaults). ``treewy.sim.calibrated`` holds server configs whose fixed costs were fitted to
+a measured serving sweep, each saying which. None was tuned to the paper's serving table.
 """
 
 from __future__ import annotations
@@ -86,6 +87,9 @@ class StepCost:
     tree: tuple = (1, 1, 1)
     state_dtype: str = "float32"
     kernels: str | Path | None = None     # a targets_*.json or kernels_*.json path; None: analytic only
+    host_overhead_s: float = HOST_OVERHEAD_S
+    host_per_request_s: float = 0.0
+    layer_floor_s: float = LAYER_FLOOR_S
 
     def __post_init__(self):
         m, tp = self.model, self.tp
@@ -160,8 +164,9 @@ class StepCost:
         for level in range(self.depth):
             dt = rows * (math.prod(self.widths[:level]) if level else 1)
             b = self.mtp_dense_bytes + touched(dt) * self.expert_bytes + self.lm_head_bytes + self.mtp_kv_tok * decode_ctx
-            t += max(b / bw, (self.flops_per_token / max(m.num_layers, 1) + self.lm_head_flops) * dt / fl) + LAYER_FLOOR_S
-        return t + HOST_OVERHEAD_S + LAYER_FLOOR_S * m.num_layers + self.allreduce_s_per_token * tokens
+            t += max(b / bw, (self.flops_per_token / max(m.num_layers, 1) + self.lm_head_flops) * dt / fl) + self.layer_floor_s
+        return (t + self.host_overhead_s + self.host_per_request_s * rows + self.layer_floor_s * m.num_layers
+                + self.allreduce_s_per_token * tokens)
 
     def _touched_scalar(self, tokens) -> float:
         m = self.model
@@ -201,6 +206,6 @@ class StepCost:
             b = self.mtp_dense_bytes + self.experts_touched(dt) * self.expert_bytes + self.lm_head_bytes \
                 + self.mtp_kv_tok * decode_ctx
             f = (self.flops_per_token / max(m.num_layers, 1) + self.lm_head_flops) * dt
-            t_draft = t_draft + np.maximum(b / self.bw, f / self.flops) + LAYER_FLOOR_S
-        overhead = HOST_OVERHEAD_S + LAYER_FLOOR_S * m.num_layers
+            t_draft = t_draft + np.maximum(b / self.bw, f / self.flops) + self.layer_floor_s
+        overhead = self.host_overhead_s + self.host_per_request_s * rows + self.layer_floor_s * m.num_layers
         return t_gemm + t_attn + t_gdn + t_draft + overhead + self.allreduce_s_per_token * tokens

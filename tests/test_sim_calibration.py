@@ -1,0 +1,54 @@
+"""The simulator against the measured 35B serving sweep (H200, vLLM 0.26.0, dummy weights): memory exact, the
+fitted fixed costs within 12 % on TPOT (20 % at one request); older serving tables (without the late columns) still load."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from treewy.memory import ServerConfig
+from treewy.results import DATA_DIR
+from treewy.schema import LATE_COLUMNS, SERVING_SCHEMA, load_measured
+from treewy.sim.calibrated import H200_VLLM026_DECODE_GRAPHS
+from treewy.sim.sweep import simulate
+
+MEASURED = DATA_DIR / "serving_qwen3.5-35b-a3b_h200_gmu0.6_2026-11-30.parquet"
+
+
+def _rows():
+    return list(pl.read_parquet(MEASURED).filter(pl.col("error").is_null()).iter_rows(named=True))
+
+
+def _sim(r, server):
+    c = r["concurrency"]
+    return simulate(r["model"], "h200", r["tp"], r["gmu"], mode=r["mode"], workload=r["workload"], concurrency=[c],
+                    num_prompts=max(4, c), acceptance=1.0, server=server).row(0, named=True)
+
+
+def test_measured_table_is_what_the_calibration_says():
+    rows = _rows()
+    assert len(rows) == 10 and {r["max_num_seqs"] for r in rows} == {256} and {r["weights"] for r in rows} == {"dummy"}
+    assert H200_VLLM026_DECODE_GRAPHS.max_num_seqs == 256
+
+
+@pytest.mark.parametrize("i", range(10))
+def test_simulator_admits_what_vllm_admitted_and_fitted_tpot_is_close(i):
+    r = _rows()[i]
+    s = _sim(r, H200_VLLM026_DECODE_GRAPHS)
+    assert s["peak_running"] == r["peak_running"], (r["mode"], r["concurrency"])
+    assert abs(s["peak_kv_usage"] - r["peak_kv_usage"]) < 0.03
+    assert abs(s["mean_tpot_ms"] / r["mean_tpot_ms"] - 1) < (0.2 if r["concurrency"] == 1 else 0.12), \
+        (r["mode"], r["concurrency"], s["mean_tpot_ms"], r["mean_tpot_ms"])
+
+
+def test_assumed_fixed_costs_were_far_off():
+    r = next(r for r in _rows() if r["concurrency"] == 1)
+    assert _sim(r, ServerConfig(max_num_seqs=256))["mean_tpot_ms"] < 0.5 * r["mean_tpot_ms"]
+
+
+def test_tables_written_before_the_late_columns_still_load(tmp_path):
+    old = pl.read_parquet(MEASURED).drop(list(LATE_COLUMNS))
+    old.write_parquet(tmp_path / "old.parquet")
+    df = load_measured(tmp_path)
+    assert df.height == old.height and df.schema == pl.Schema(SERVING_SCHEMA)
+    assert df["max_num_seqs"].is_null().all()
