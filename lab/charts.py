@@ -78,7 +78,8 @@ SERVING_METRICS = {"peak_kv_usage": "peak KV-pool usage", "peak_running": "admit
                    "output_throughput": "output throughput (tok/s)", "p99_ttft_ms": "p99 TTFT (ms)"}
 
 
-def serving_curves_chart(curves: pl.DataFrame, knee: int | None, title: str, note: str | list[str] = "") -> alt.VConcatChart:
+def serving_curves_chart(curves: pl.DataFrame, knee: int | None, title: str | list[str],
+                         note: str | list[str] = "") -> alt.VConcatChart:
     """Four panels against offered concurrency, one line per (mode, source); the knee as a rule; legends below.
 
     curves: long frame (concurrency, mode, source, metric, value); ``source`` says simulated or measured;

@@ -70,7 +70,7 @@ def test_legends_use_the_prose_names_of_the_modes():
 def test_serving_chart_says_which_kernel_table_priced_the_step():
     from treewy.results import newest_targets
 
-    texts = " ".join(re.findall(r">([^<]+)</text>", svg_of(CHARTS["serving panel: curves"])))
+    texts = " ".join(re.findall(r">([^<]+)</(?:text|tspan)>", svg_of(CHARTS["serving panel: curves"])))
     assert f"measured in {newest_targets().name}" in texts
 
 

@@ -2,6 +2,7 @@
 
 import re
 
+import polars as pl
 import pytest
 
 from lab.panels import PseudoValuePanel, TreePanel
@@ -56,13 +57,14 @@ def test_serving_panel_follows_memory_and_labels_simulated():
     sim = p.frames["simulated"]
     assert sim["simulated"].all() and set(sim["mode"]) == {"store_all", "reconstruct"}
     title = p.charts["curves"].chart.to_dict()["title"]
-    assert title["text"].startswith("SIMULATED") and title["subtitle"][0].startswith("GDN step: ")
+    assert title["text"][0].startswith("SIMULATED") and title["subtitle"][0].startswith("GDN step: ")
+    assert title["subtitle"][1] == "fixed step costs: assumed"
     admitted = lambda: p.frames["simulated"].filter(mode="store_all")["peak_running"].max()  # noqa: E731
     before = admitted()
     p.set(gmu=0.9)
     assert "press <b>Run</b>" in p.status.value and admitted() == before   # a simulation waits for Run
     p.run_button.click()
-    assert "gmu 0.90" in p.charts["curves"].chart.to_dict()["title"]["text"]
+    assert "gmu 0.90" in p.charts["curves"].chart.to_dict()["title"]["text"][0]
     assert admitted() > before  # more memory admits more store-all requests
     sources = set(p.frames["ratios"]["source"])
     assert sources == {"simulated", "paper (B200, measured)"}
@@ -78,6 +80,7 @@ def test_serving_panel_overlays_only_measured_rows_of_the_same_configuration(tmp
     rows = [{**same, "mode": m} for m in ("store_all", "reconstruct")]
     rows += [{**same, "mode": "store_all", **change} for change in (
         dict(gmu=0.9), dict(tree="(3, 3, 3)"), dict(tp=2), dict(gpu="NVIDIA B200"), dict(model="qwen3.5-397b-a17b"),
+        dict(max_num_seqs=256),                     # the panel simulates vLLM's default, 1024
         dict(workload="spec-bench", failed=None),   # `(A & B) | failed.is_null()` let this one through
         dict(failed=3), dict(error="the server died"))]
     serving_frame(rows).write_parquet(tmp_path / "serve.parquet")
@@ -88,6 +91,23 @@ def test_serving_panel_overlays_only_measured_rows_of_the_same_configuration(tmp
     p.set(gmu=0.9)
     p.run_button.click()
     assert p.frames["measured"].height == 1 and p.frames["measured"]["gmu"].item() == 0.9
+
+
+def test_serving_panel_overlays_the_committed_h200_sweep_with_its_settings():
+    from lab.panels import ServingPanel
+
+    p = ServingPanel(concurrency=(1, 32, 128), gpu="h200", gmu=0.6, workload="generation-short", max_num_seqs=256,
+                     acceptance="none (dummy weights)", step_costs="fitted: H200, vLLM 0.26, decode graphs")
+    measured = p.frames["measured"]
+    assert measured.height == 10 and set(measured["weights"]) == {"dummy"}
+    assert "vLLM measured (H200, 2026-11-30, dummy weights)" in set(p.frames["curves"]["source"])
+    sim = p.frames["simulated"].filter(pl.col("concurrency") == 128).sort("mode")
+    real = measured.filter(pl.col("concurrency") == 128).sort("mode")
+    assert sim["peak_running"].to_list() == real["peak_running"].to_list() == [128, 48]
+    assert (sim["acceptance_length"] == 1.0).all()
+    p.set(max_num_seqs=1024)
+    p.run_button.click()
+    assert p.frames["measured"].is_empty()          # a 1024-request server has another pool
 
 
 def test_serving_panel_reports_a_budget_that_cannot_hold_the_weights():

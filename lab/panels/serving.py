@@ -3,6 +3,8 @@ admitting — with measured vLLM rows of exactly the same configuration overlaid
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import ipywidgets as w
 import polars as pl
 
@@ -14,6 +16,7 @@ from treewy.memory import GPU, ModelSpec, ServerConfig
 from treewy.schema import load_measured
 from treewy.paper import SERVING_RATIOS, SHAPES
 from treewy.sim import CONCURRENCIES, knee, ratio_table, simulate
+from treewy.sim.calibrated import H200_VLLM026_DECODE_GRAPHS
 from treewy.workloads import CATALOGUE
 
 MODELS = ["qwen3.5-35b-a3b", "qwen3.5-397b-a17b", "qwen3-next-80b-a3b"]
@@ -21,6 +24,8 @@ GPUS = ["b200", "h200", "h100"]
 TREES = {str(s): s for s in SHAPES} | {f"chain {k}": (1,) * k for k in (1, 2, 4, 5, 6)}
 #: What the drafts achieve: the paper's acceptance, or none at all (a server with dummy weights accepts nothing).
 ACCEPTANCE = {"paper's": None, "none (dummy weights)": 1.0}
+#: The step's fixed costs: assumed, or fitted to a measured sweep (treewy.sim.calibrated).
+STEP_COSTS = {"assumed": ServerConfig(), "fitted: H200, vLLM 0.26, decode graphs": H200_VLLM026_DECODE_GRAPHS}
 DUMMY_NOTE = ("dummy weights: acceptance is meaningless there; memory, admission, preemptions, TTFT and throughput "
               "are real")
 
@@ -41,6 +46,7 @@ class ServingPanel(Panel):
             "tree": w.Dropdown(options=list(TREES), value="(1, 1, 1)", description="draft tree"),
             "max_num_seqs": w.Dropdown(options=[256, 1024], value=1024, description="max seqs"),
             "acceptance": w.Dropdown(options=list(ACCEPTANCE), value="paper's", description="acceptance"),
+            "step_costs": w.Dropdown(options=list(STEP_COSTS), value="assumed", description="fixed costs"),
             "concurrency": w.SelectionRangeSlider(options=list(concurrency), index=(0, len(concurrency) - 1),
                                                   description="concurrency", continuous_update=False),
         }
@@ -67,7 +73,7 @@ class ServingPanel(Panel):
                 frames.append(simulate(model=v["model"], gpu=v["gpu"], tp=v["tp"], gmu=v["gmu"], mode=mode,
                                        tree=TREES[v["tree"]], workload=v["workload"], concurrency=[c],
                                        acceptance=ACCEPTANCE[v["acceptance"]],
-                                       server=ServerConfig(max_num_seqs=v["max_num_seqs"])))
+                                       server=replace(STEP_COSTS[v["step_costs"]], max_num_seqs=v["max_num_seqs"])))
                 self.progress.value += 1
         return pl.concat(frames)
 
@@ -90,9 +96,11 @@ class ServingPanel(Panel):
                 curves = pl.concat([curves, serving_curves_frame(part, label)])
         self.frames["curves"] = curves
         k = knee(sim)
-        title = (f"SIMULATED · {v['model']} · {v['gpu'].upper()} TP{v['tp']} · gmu {v['gmu']:.2f} · "
-                 f"{v['workload']} · tree {v['tree']} · max seqs {v['max_num_seqs']} · {v['acceptance']} acceptance")
-        notes = [cost_note(sim)] + ([f"measured with {DUMMY_NOTE}"] if "dummy" in measured["weights"].to_list() else [])
+        title = [f"SIMULATED · {v['model']} · {v['gpu'].upper()} TP{v['tp']} · gmu {v['gmu']:.2f} · {v['workload']}",
+                 f"tree {v['tree']} · max seqs {v['max_num_seqs']} · {v['acceptance']} acceptance"]
+        notes = [cost_note(sim), f"fixed step costs: {v['step_costs']}"]
+        if "dummy" in measured["weights"].to_list():
+            notes.append(f"measured with {DUMMY_NOTE}")
         self.show_chart("curves", serving_curves_chart(curves, k, title, notes))
         ratios = ratios_frame(ratio_table(sim), "simulated")
         if v["model"] == "qwen3.5-35b-a3b" and v["gpu"] == "b200" and v["tp"] == 1 and v["tree"] == "(1, 1, 1)":
