@@ -26,7 +26,10 @@ and writes the verdict.
 ``--compile decode`` starts vLLM without torch.compile and with full CUDA graphs for decode steps only
 (``{"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}``): the spec-decode steps still replay graphs, and the
 server starts in a fraction of the time. ``--compile default`` keeps vLLM's default (compiled,
-FULL_AND_PIECEWISE). Give each concurrent process its own GPU (CUDA_VISIBLE_DEVICES) and --port.
+FULL_AND_PIECEWISE). Give each concurrent process its own GPU (CUDA_VISIBLE_DEVICES) and --port: never two
+vLLM servers on one GPU, because a server's memory profile counts what another process allocates meanwhile as
+its own (on 2026-11-30 a store-all server failed to start with "No available memory for the cache blocks"
+when the fault run started on its GPU 15 s later).
 """
 
 from __future__ import annotations
