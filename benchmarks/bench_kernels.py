@@ -88,7 +88,9 @@ def pinned_configs():
     each compiles for sm_90 without spills (benchmarks/compile_offline.py)."""
     import triton
 
-    return {("chain", None): triton.Config({"BV": 8}, num_warps=1, num_stages=3),
+    from treewy.ops.tree_verify.chain import fixed_config
+
+    return {("chain", None): fixed_config(),
             ("wy", "tf32"): triton.Config({"BV": 32, "BK": 64}, num_warps=4, num_stages=2),
             ("wy", "tf32_plain"): triton.Config({"BV": 32, "BK": 64}, num_warps=4, num_stages=2),
             ("wy", "ieee"): triton.Config({"BV": 16, "BK": 32}, num_warps=8, num_stages=1)}

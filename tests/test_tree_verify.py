@@ -18,11 +18,14 @@ from treewy.ops.tree_verify import (
     KERNEL_FNS, KERNELS, LAUNCHES, PRECISION_ENV, batch_bucket, default_dot_precision,
     select_kernel, tree_verify_fwd,
 )
+from treewy.ops.tree_verify.chain import _configs as chain_configs
 from treewy.ops.tree_verify.reference import unpack_prep, wy_prepare_ref, wy_stream_ref
 from treewy.ops.tree_verify.tuning import KEY
 from treewy.ops.tree_verify.wy import wy_prepare_fwd, wy_stream_fwd
 from treewy.testing import random_tree
 from treewy.tree import DraftTree
+
+import triton  # noqa: E402,I001  (after treewy.ops, which starts the Triton interpreter on a CPU machine)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -128,6 +131,26 @@ def test_every_kernel_folds_and_verifies_like_the_reference(name, kernel, B, H, 
     assert rel(state, rS) < (1e-5 if hard else 1e-6) and rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5
     assert torch.equal(state[-1], S[-1])  # accepted = -1: untouched
     assert torch.isfinite(o).all() and torch.isfinite(u).all()
+
+
+@pytest.mark.parametrize("rows", sorted({c.kwargs["FOLD_ROWS"] for c in chain_configs()} | {1, 3}))
+def test_chain_kernel_folds_the_same_with_every_fold_width(rows):
+    """The chain kernel's configs differ in FOLD_ROWS (path rows folded per pass): a 6-row pending path takes
+    2-6 passes, the last one partial for some widths; every width gives the fp64 step."""
+    gen = torch.Generator().manual_seed(rows)
+    B, H, HV, K, V = 3, 1, 2, 20, 24
+    prev, new = DraftTree.from_widths((2, 1, 1, 1, 1)).parents, DraftTree.chain(3).parents
+    S, pend, (q, k, v, g, beta), (ro, ru, rS) = case_step(B, H, HV, K, V, prev, new, gen)
+    pend = PendingCommit(pend.u, pend.k, pend.g, pend.parents.to(torch.int32),
+                         torch.tensor([9, 6, -1], device=DEVICE, dtype=torch.int32))   # paths of 6 and 4 rows
+    ro, ru, rS = naive_tree_step(q.double(), k.double(), v.double(), g.double(), beta.double(), S.double(), new,
+                                 pending=PendingCommit(pend.u.double(), pend.k.double(), pend.g.double(), prev,
+                                                       pend.accepted.cpu()))
+    state = S.clone()
+    o, u = tree_verify_fwd(q, k, v, g, beta, state, new.to(DEVICE, torch.int32), 0, K ** -0.5, pending=pend,
+                           kernel="chain", chain=True,
+                           config=triton.Config({"BV": 8, "FOLD_ROWS": rows}, num_warps=1))
+    assert rel(state, rS) < 1e-6 and rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

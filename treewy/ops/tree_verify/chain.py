@@ -27,9 +27,12 @@ from treewy.ops.tree_verify.tuning import AUTOTUNE_EXTRA, KEY, batch_bucket, fit
 
 def _configs():
     if INTERPRET:
-        return [triton.Config({"BV": 8}, num_warps=1)]
-    # BV = 16 spills with Triton 3.6 (benchmarks/compile_offline.py --all)
-    return [triton.Config({"BV": 8}, num_warps=1, num_stages=s) for s in (3, 1)]
+        return [triton.Config({"BV": 8, "FOLD_ROWS": FOLD_ROWS}, num_warps=1)]
+    # BV = 16 spills with Triton 3.6 (benchmarks/compile_offline.py --all). FOLD_ROWS = 1 compiles to 64
+    # registers against 95 at 4 (sm_90, k = 3 with a 4-node pending window): more one-warp programs per SM,
+    # the leading suspect of the regression against v3 (benchmarks/NOTES.md); the autotuner measures both.
+    return [triton.Config({"BV": 8, "FOLD_ROWS": rows}, num_warps=1, num_stages=s)
+            for rows in (FOLD_ROWS, 1) for s in (3, 1)]
 
 
 def fixed_config():
@@ -98,7 +101,7 @@ def chain_fwd(q, k, v, g, beta, state, num_nodes, pending, scale, use_qk_l2norm_
         H=H, HV=HV, K=K, V=V, BT=triton.next_power_of_2(T), BK=triton.next_power_of_2(K),
         BPT=triton.next_power_of_2(max(PT, 2)), USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
         HAS_NUM_NODES=num_nodes is not None, HAS_PENDING=pending is not None, PENDING_L2NORM=pl2,
-        FOLD_ROWS=FOLD_ROWS, HAS_STATE_INDICES=state_indices is not None, **tuned,
+        HAS_STATE_INDICES=state_indices is not None, **tuned,
     )
     return o, u
 
