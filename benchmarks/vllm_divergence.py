@@ -87,10 +87,11 @@ def main(argv=None) -> int:
               f"(fp32 picks {side}){'' if r['near_tie'] else '  NOT A TIE'}")
     base = tie_rate(model, report, args.tie)
     out = Path(args.report).with_suffix(".divergence.json")
+    base["percent"] = round(100 * base["ties"] / base["positions"], 2)
     out.write_text(json.dumps({"tie": args.tie, "tie_rate_along_reference": base, "rows": rows}, indent=1))
     ties = sum(r["near_tie"] for r in rows)
     print(f"{len(rows)} differences, {ties} near-ties (|fp32 gap| < {args.tie}); along the reference outputs "
-          f"{base['ties']} of {base['positions']} greedy positions ({100 * base['ties'] / base['positions']:.2f} %) "
+          f"{base['ties']} of {base['positions']} greedy positions ({base['percent']:.2f} %) "
           f"are that close; wrote {out}")
     return 0 if ties == len(rows) else 1
 
