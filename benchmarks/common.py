@@ -32,6 +32,11 @@ def environment(device: str) -> dict:
     return env
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two token sequences differ, over their common length (None: one is a prefix)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
 def divergence(ref: list[list[int]], other: list[list[int]]) -> dict:
     """Token agreement of two greedy runs over the same prompts."""
     same = total = 0
@@ -40,7 +45,7 @@ def divergence(ref: list[list[int]], other: list[list[int]]) -> dict:
         n = min(len(a), len(b))
         total += n
         same += sum(x == y for x, y in zip(a[:n], b[:n]))
-        first.append(next((i for i in range(n) if a[i] != b[i]), None))
+        first.append(first_difference(a, b))
     diverged = [f for f in first if f is not None]
     return dict(tokens=total, identical_fraction=same / max(1, total), requests=len(first),
                 requests_diverged=len(diverged),

@@ -76,7 +76,7 @@ def constexprs(args):
     bt = triton.next_power_of_2(max(args.T, 2))
     flags = dict(USE_QK_L2NORM_IN_KERNEL=args.l2norm, HAS_NUM_NODES=False)
     pending = dict(BPT=triton.next_power_of_2(max(args.PT, 2)), HAS_PENDING=True, PENDING_L2NORM=args.l2norm,
-                   FOLD_ROWS=getattr(args, "fold_rows", None) or FOLD_ROWS, HAS_STATE_INDICES=False)
+                   FOLD_ROWS=args.fold_rows or FOLD_ROWS, HAS_STATE_INDICES=False)
     dots = dict(DOT_PRECISION=prec, SPLIT=split, K_TF32=not args.fp32_inputs)
     if args.kernel == "chain":
         return dict(H=args.H, HV=args.HV, K=args.K, V=args.V, BT=bt, BK=triton.next_power_of_2(args.K), BV=args.BV,
@@ -100,7 +100,7 @@ def check_all():
     from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
     from treewy.ops.tree_verify.wy import STREAM_CONFIGS, prepare_warps, wy_prepare_kernel, wy_stream_kernel
 
-    base = dict(H=16, HV=32, K=128, V=128, BK=None, l2norm=False, bf16_state=False)
+    base = dict(H=16, HV=32, K=128, V=128, BK=None, fold_rows=None, l2norm=False, bf16_state=False)
     jobs = [("chain", dict(T=4, PT=4, BV=c.kwargs["BV"], fold_rows=c.kwargs["FOLD_ROWS"], precision="tf32",
                            fp32_inputs=False), c.num_warps, c.num_stages) for c in chain_configs()]
     for T in (4, 15, 20, 40):
@@ -121,7 +121,7 @@ def check_all():
         bad += rep["stack"] != 0
         print(f"{name:10s} T={args.T:2d} {args.precision:4s} {'fp32' if args.fp32_inputs else 'bf16'} in  "
               f"BV={args.BV:3d} BK={args.BK or '-'!s:>3s} warps={warps} stages={stages}"
-              + (f" fold rows {args.fold_rows}" if getattr(args, "fold_rows", None) else "") + ": registers "
+              + (f" fold rows {args.fold_rows}" if args.fold_rows else "") + ": registers "
               f"{rep['registers']:3d}, stack {rep['stack']}", flush=True)
     print(f"{len(jobs)} configs, {bad} with spills")
     return 1 if bad else 0

@@ -3,9 +3,9 @@
     python benchmarks/sim_vs_measured.py treewy/data/serving_qwen3.5-35b-a3b_h200_gmu0.6_2026-11-30.parquet \
         --gpu h200 --out benchmarks/results/sim_vs_measured_qwen3.5-35b-a3b_h200_2026-11-30.txt
 
-For every good measured point (closed loop, max(4, concurrency) requests as the sweep sent), simulates the same
-model, GPU, gmu, workload, mode and max_num_seqs with acceptance fixed at the measured one (dummy weights accept
-nothing), first with the assumed fixed costs (``ServerConfig``'s defaults), then fits
+For every good measured point (closed loop), simulates the same model, GPU, gmu, workload, mode, requests sent
+and max_num_seqs with acceptance fixed at the measured one (dummy weights accept nothing)
+(``treewy.sim.sweep.simulate_measured_point``), first with the assumed fixed costs (``ServerConfig``'s defaults), then fits
 ``measured TPOT - simulated TPOT = a + b x running requests`` by least squares and simulates again with
 host_overhead_s += a and host_per_request_s = b. Prints and writes one table: measured, assumed, fitted.
 """
@@ -23,15 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def simulate_like(rows, gpu: str, server):
     from tqdm.auto import tqdm
 
-    from treewy.sim.sweep import simulate
+    from treewy.sim.sweep import simulate_measured_point
 
-    out = []
-    for r in tqdm(rows, desc="simulating", leave=False):
-        c = r["concurrency"]
-        out.append(simulate(r["model"], gpu, r["tp"], r["gmu"], mode=r["mode"], workload=r["workload"],
-                            concurrency=[c], num_prompts=max(4, c), acceptance=r["acceptance_length"] or None,
-                            server=server).row(0, named=True))
-    return out
+    return [simulate_measured_point(r, gpu, server) for r in tqdm(rows, desc="simulating", leave=False)]
 
 
 def main(argv=None) -> int:

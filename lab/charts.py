@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import altair as alt
 import polars as pl
 
@@ -79,11 +81,12 @@ SERVING_METRICS = {"peak_kv_usage": "peak KV-pool usage", "peak_running": "admit
 
 
 def serving_curves_chart(curves: pl.DataFrame, knee: int | None, title: str | list[str],
-                         note: str | list[str] = "") -> alt.VConcatChart:
+                         notes: Sequence[str] = ()) -> alt.VConcatChart:
     """Four panels against offered concurrency, one line per (mode, source); the knee as a rule; legends below.
 
     curves: long frame (concurrency, mode, source, metric, value); ``source`` says simulated or measured;
-    ``note``: lines under the title (which kernel table priced the step, what the measured rows are)."""
+    ``title``: one line or several; ``notes``: lines under it (which kernel table priced the step, what the
+    measured rows are)."""
     charts = []
     for metric, label in SERVING_METRICS.items():
         data = curves.filter(pl.col("metric") == metric)
@@ -101,7 +104,7 @@ def serving_curves_chart(curves: pl.DataFrame, knee: int | None, title: str | li
             layer = layer + rule.mark_rule(color="#666", strokeDash=[2, 2]).encode(x="knee:Q", tooltip=["label:N"])
         charts.append(layer.properties(width=280, height=160))
     return alt.vconcat(alt.hconcat(*charts[:2]), alt.hconcat(*charts[2:])).properties(
-        title=alt.Title(title, subtitle=[note] if isinstance(note, str) and note else list(note or [])))
+        title=alt.Title(title, subtitle=list(notes)))
 
 
 def ratio_chart(ratios: pl.DataFrame, title: str) -> alt.FacetChart:

@@ -10,7 +10,7 @@ from treewy.memory import ServerConfig
 from treewy.results import DATA_DIR
 from treewy.schema import LATE_COLUMNS, SERVING_SCHEMA, load_measured
 from treewy.sim.calibrated import H200_VLLM026_DECODE_GRAPHS
-from treewy.sim.sweep import simulate
+from treewy.sim.sweep import simulate_measured_point
 
 MEASURED = DATA_DIR / "serving_qwen3.5-35b-a3b_h200_gmu0.6_2026-11-30.parquet"
 
@@ -20,9 +20,7 @@ def _rows():
 
 
 def _sim(r, server):
-    c = r["concurrency"]
-    return simulate(r["model"], "h200", r["tp"], r["gmu"], mode=r["mode"], workload=r["workload"], concurrency=[c],
-                    num_prompts=max(4, c), acceptance=1.0, server=server).row(0, named=True)
+    return simulate_measured_point(r, "h200", server)
 
 
 def test_measured_table_is_what_the_calibration_says():
