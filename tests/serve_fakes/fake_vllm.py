@@ -25,7 +25,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-TOKEN_DELAY_S = 0.002
+TOKEN_DELAY_S = 0.006
 ACCEPT_LEN = 3.2  # tokens per speculative step
 
 
