@@ -80,7 +80,7 @@ def is_chain(tree):
 def candidates(tree, B):
     """The selected family first, then the others that can run the window (chains: both)."""
     chosen = select_kernel(tree.num_nodes, B, is_chain(tree))
-    return [chosen] + [k for k in (("chain", "wy") if is_chain(tree) else ("wy",)) if k != chosen]
+    return [chosen] + [k for k in (("chain", "path", "wy") if is_chain(tree) else ("path", "wy")) if k != chosen]
 
 
 def pinned_configs():
@@ -91,6 +91,8 @@ def pinned_configs():
     from treewy.ops.tree_verify.chain import fixed_config
 
     return {("chain", None): fixed_config(),
+            ("path", "tf32"): triton.Config({"BV": 32, "BK": 64}, num_warps=4, num_stages=1),
+            ("path", "ieee"): triton.Config({"BV": 16, "BK": 32}, num_warps=4, num_stages=1),
             ("wy", "tf32"): triton.Config({"BV": 32, "BK": 64}, num_warps=4, num_stages=2),
             ("wy", "tf32_plain"): triton.Config({"BV": 32, "BK": 64}, num_warps=4, num_stages=2),
             ("wy", "ieee"): triton.Config({"BV": 16, "BK": 32}, num_warps=8, num_stages=1)}
@@ -115,6 +117,8 @@ def recording():
     calls = []
     with mock.patch.object(verify, "chain_fwd", side_effect=lambda *a, _f=verify.chain_fwd, **k: (
             calls.append("chain"), _f(*a, **k))[1]), \
+         mock.patch.object(verify, "path_fwd", side_effect=lambda *a, _f=verify.path_fwd, **k: (
+            calls.append("path"), _f(*a, **k))[1]), \
          mock.patch.object(verify, "wy_fwd", side_effect=lambda *a, _f=verify.wy_fwd, **k: (
             calls.append("wy"), _f(*a, **k))[1]):
         yield calls
@@ -271,14 +275,16 @@ def capture_vs_eager(b: Bench, write):
             calls.clear()
             if b.smoke:
                 with mock.patch.object(verify, "is_capturing", lambda: True):
-                    tree_verify(q, k, v, g, beta, S.clone(), par, pending=pend, chain=is_chain(tree))
+                    tree_verify(q, k, v, g, beta, S.clone(), par, pending=pend, chain=is_chain(tree),
+                                max_depth=tree.max_depth)
                 same_results = None
             else:
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 cstate = S.clone()
                 with torch.cuda.graph(graph):  # device parents and the chain flag: no host reads in a capture
-                    co, cu = tree_verify(q, k, v, g, beta, cstate, par, pending=pend, chain=is_chain(tree))
+                    co, cu = tree_verify(q, k, v, g, beta, cstate, par, pending=pend, chain=is_chain(tree),
+                                         max_depth=tree.max_depth)
                 cstate.copy_(S)
                 graph.replay()
                 torch.cuda.synchronize()
@@ -299,14 +305,10 @@ def capture_vs_eager(b: Bench, write):
         b.targets.append(target(f"8 eager (no graph) step, {key} [{kernel}] (us)", eager_us,
                                 "report" + (f": graph {graph_us:.1f}" if graph_us else ""), True, "us"))
         del x
-    from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
-    from treewy.ops.tree_verify.wy import wy_stream_kernel
-
-    tunings = {n: len(getattr(f, "cache", {})) for n, f in (("chain", tree_verify_chain_kernel),
-                                                            ("wy_stream", wy_stream_kernel))}
+    tunings = {n: len(getattr(f[-1], "cache", {})) for n, f in verify.KERNEL_FNS.items()}
     b.extra["autotune tunings"] = tunings
     batches = sorted({b.batch(B) for *_, B, _s, _b in ROWS})
-    b.targets.append(target(f"8 autotune tunings (chain, wy_stream) over batch sizes {batches}",
+    b.targets.append(target(f"8 autotune tunings ({', '.join(tunings)}) over batch sizes {batches}",
                             sum(tunings.values()), f"report: {tunings}", True))
     write(b)
 
@@ -317,7 +319,8 @@ def exactness(b: Bench, write):
     steps = 4 if b.smoke else b.args.drift_steps
     pins = {} if b.smoke else pinned_configs()
     chain3, t222, t333, chain1 = tree_of((1, 1, 1)), tree_of((2, 2, 2)), tree_of((3, 3, 3)), DraftTree.chain(1)
-    runs = [("chain", None, [chain3, chain1], steps), ("wy", "tf32", [t333, t222, chain3], steps),
+    runs = [("chain", None, [chain3, chain1], steps), ("path", "tf32", [t333, t222, chain3], steps),
+            ("path", "ieee", [t333, chain3], steps), ("wy", "tf32", [t333, t222, chain3], steps),
             ("wy", "ieee", [t333, chain3], steps), ("wy", "tf32_plain", [t333], max(2, steps // 4))]
     for kernel, prec, trees, n in runs:
         label = f"{kernel}" + (f" {prec}" if prec else "")
@@ -341,9 +344,9 @@ def exactness(b: Bench, write):
         if b.past_deadline(f"exact fp32 forced, {key}"):
             continue
         with env(PRECISION_ENV, "ieee"):  # the default precision becomes exact fp32, as on a GPU without tf32
-            r = b.step(f"{key} {PRECISION_ENV}=ieee", tree_of(widths), b.batch(256), torch.float32, "wy")
-        b.targets.append(target(f"9 exact fp32 forced ({PRECISION_ENV}=ieee), {key} [wy] (us)", r["us"], "report",
-                                True, "us"))
+            r = b.step(f"{key} {PRECISION_ENV}=ieee", tree_of(widths), b.batch(256), torch.float32, "path")
+        b.targets.append(target(f"9 exact fp32 forced ({PRECISION_ENV}=ieee), {key} [path] (us)", r["us"],
+                                "report", True, "us"))
     write(b)
 
 
@@ -351,7 +354,7 @@ def bf16_outputs(b: Bench):
     """bf16 q, k, v: the error against the fp64 reference on the unrounded inputs, against twice the error of
     rounding the inputs alone (the fp64 reference on the rounded inputs); the precisions' output errors."""
     d = b.dims
-    for widths, kernel in (((1, 1, 1), "chain"), ((1, 1, 1), "wy"), ((3, 3, 3), "wy")):
+    for widths, kernel in (((1, 1, 1), "chain"), ((1, 1, 1), "path"), ((3, 3, 3), "path"), ((3, 3, 3), "wy")):
         tree = tree_of(widths)
         x = make(4, tree.num_nodes, d["H"], d["HV"], d["K"], d["V"], torch.float32, device="cuda",
                  input_dtype=torch.float32)
@@ -366,10 +369,10 @@ def bf16_outputs(b: Bench):
                                 err_o <= bound_o))
         b.targets.append(target(f"bf16 inputs, {widths} [{kernel}]: u error", err_u, f"<= {bound_u:.2e}",
                                 err_u <= bound_u))
-        if kernel == "wy" and widths == (3, 3, 3):
+        if widths == (3, 3, 3):
             for prec in ("tf32", "ieee", "tf32_plain"):
-                po, pu = tree_verify(*x[:5], x[5].clone(), tree, kernel="wy", dot_precision=prec)
-                b.targets.append(target(f"fp32 inputs, {widths} [wy {prec}]: output / u error",
+                po, pu = tree_verify(*x[:5], x[5].clone(), tree, kernel=kernel, dot_precision=prec)
+                b.targets.append(target(f"fp32 inputs, {widths} [{kernel} {prec}]: output / u error",
                                         max(rel_err(po, ro), rel_err(pu, ru)), "report", True))
 
 

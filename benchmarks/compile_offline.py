@@ -62,7 +62,7 @@ def report(ck):
                 shared=ck.metadata.shared, **{op: ops.get(op, 0) for op in OPS}, total=sum(ops.values()))
 
 
-KERNEL_NAMES = ("chain", "wy_prepare", "wy_stream")
+KERNEL_NAMES = ("chain", "path", "wy_prepare", "wy_stream")
 
 
 def constexprs(args):
@@ -70,6 +70,7 @@ def constexprs(args):
     import triton
 
     from treewy.ops.tree_verify.fold import FOLD_ROWS
+    from treewy.ops.tree_verify.path import depth_block
     from treewy.ops.tree_verify.wy import precision_flags, prepare_block_k
 
     prec, split = precision_flags(args.precision)
@@ -81,6 +82,9 @@ def constexprs(args):
     if args.kernel == "chain":
         return dict(H=args.H, HV=args.HV, K=args.K, V=args.V, BT=bt, BK=triton.next_power_of_2(args.K), BV=args.BV,
                     **flags, **pending)
+    if args.kernel == "path":
+        return dict(H=args.H, HV=args.HV, K=args.K, V=args.V, BT=max(16, bt), BD=depth_block(args.T, args.depth),
+                    BK=args.BK or 64, BV=args.BV, **flags, **pending, **dots)
     if args.kernel == "wy_prepare":
         return dict(H=args.H, HV=args.HV, K=args.K, BT=max(16, bt), BK=args.BK or prepare_block_k(args.K), **flags,
                     **dots)
@@ -98,9 +102,11 @@ def check_all():
 
     from treewy.ops.tree_verify.chain import _configs as chain_configs
     from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
+    from treewy.ops.tree_verify.path import CONFIGS as PATH_CONFIGS
+    from treewy.ops.tree_verify.path import tree_verify_path_kernel
     from treewy.ops.tree_verify.wy import STREAM_CONFIGS, prepare_warps, wy_prepare_kernel, wy_stream_kernel
 
-    base = dict(H=16, HV=32, K=128, V=128, BK=None, fold_rows=None, l2norm=False, bf16_state=False)
+    base = dict(H=16, HV=32, K=128, V=128, BK=None, fold_rows=None, l2norm=False, bf16_state=False, depth=3)
     jobs = [("chain", dict(T=4, PT=4, BV=c.kwargs["BV"], fold_rows=c.kwargs["FOLD_ROWS"], precision="tf32",
                            fp32_inputs=False), c.num_warps, c.num_stages) for c in chain_configs()]
     for T in (4, 15, 20, 40):
@@ -111,7 +117,10 @@ def check_all():
                              prepare_warps(BT, prec), 1))
             for bv, bk, w, st in STREAM_CONFIGS[(prec, BT)]:
                 jobs.append(("wy_stream", dict(T=T, PT=T, BV=bv, BK=bk, precision=prec, fp32_inputs=False), w, st))
-    fns = {"chain": tree_verify_chain_kernel.fn, "wy_prepare": wy_prepare_kernel, "wy_stream": wy_stream_kernel.fn}
+            for bv, bk, w, st in PATH_CONFIGS[(prec, BT)]:
+                jobs.append(("path", dict(T=T, PT=T, BV=bv, BK=bk, precision=prec, fp32_inputs=False), w, st))
+    fns = {"chain": tree_verify_chain_kernel.fn, "path": tree_verify_path_kernel.fn, "wy_prepare": wy_prepare_kernel,
+           "wy_stream": wy_stream_kernel.fn}
     bad = 0
     for name, kw, warps, stages in jobs:
         args = SimpleNamespace(**{**base, **kw, "kernel": name})
@@ -140,6 +149,7 @@ def main(argv=None):
     ap.add_argument("--BK", type=int, help="key chunk (WY kernels); default: the launcher's")
     ap.add_argument("--warps", type=int, default=1)
     ap.add_argument("--stages", type=int, default=1)
+    ap.add_argument("--depth", type=int, default=3, help="the window's depth bound (path kernel's tables)")
     ap.add_argument("--fold-rows", type=int, default=None, help="pending path rows folded per pass (default: fold.FOLD_ROWS)")
     ap.add_argument("--precision", default="tf32", choices=("tf32", "ieee", "tf32_plain"))
     ap.add_argument("--fp32-inputs", action="store_true", help="fp32 q, k, v (keys not exact in tf32)")
@@ -156,9 +166,10 @@ def main(argv=None):
         sys.exit(check_all())
 
     from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
+    from treewy.ops.tree_verify.path import tree_verify_path_kernel
     from treewy.ops.tree_verify.wy import wy_prepare_kernel, wy_stream_kernel
 
-    kern = {"chain": tree_verify_chain_kernel.fn, "wy_prepare": wy_prepare_kernel,
+    kern = {"chain": tree_verify_chain_kernel.fn, "path": tree_verify_path_kernel.fn, "wy_prepare": wy_prepare_kernel,
             "wy_stream": wy_stream_kernel.fn}[args.kernel]
     inputs = "*fp32" if args.fp32_inputs else "*bf16"
     pointers = {**POINTERS, "q": inputs, "k": inputs, "v": inputs, "o": inputs, "pk": inputs,

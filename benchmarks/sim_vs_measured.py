@@ -6,8 +6,9 @@
 For every good measured point (closed loop), simulates the same model, GPU, gmu, workload, mode, requests sent
 and max_num_seqs with acceptance fixed at the measured one (dummy weights accept nothing)
 (``treewy.sim.sweep.simulate_measured_point``), first with the assumed fixed costs (``ServerConfig``'s defaults), then fits
-``measured TPOT - simulated TPOT = a + b x running requests`` by least squares and simulates again with
-host_overhead_s += a and host_per_request_s = b. Prints and writes one table: measured, assumed, fitted.
+``measured TPOT - simulated TPOT = a + b x running requests`` by least squares over the points whose wave ran at
+once (decode steps only), then the extra cost of a step run without CUDA graphs (``eager_step_s``) over the
+other points, and simulates again with host_overhead_s += a, host_per_request_s = b and that eager cost. Prints and writes one table: measured, assumed, fitted.
 """
 
 from __future__ import annotations
@@ -25,7 +26,35 @@ def simulate_like(rows, gpu: str, server):
 
     from treewy.sim.sweep import simulate_measured_point
 
-    return [simulate_measured_point(r, gpu, server) for r in tqdm(rows, desc="simulating", leave=False)]
+    return [simulate_measured_point(r, gpu, server) for r in tqdm(rows, desc="simulating", leave=False,
+                                                                  disable=len(rows) < 10)]
+
+
+#: vLLM 0.26's largest captured CUDA graph (tokens per step) on the sweep's servers (their logs:
+#: max_cudagraph_capture_size 512); ``--compile decode`` captures decode-only steps (FULL_DECODE_ONLY).
+GRAPH_MAX_TOKENS = 512
+
+
+def fit_eager_step(rows, gpu: str, server) -> float:
+    """The eager step's extra seconds that best fit the measured TPOT of ``rows`` (golden section on the
+    squared log ratios, 0-300 ms)."""
+    import dataclasses
+    import math
+
+    def loss(x):
+        sims = simulate_like(rows, gpu, dataclasses.replace(server, eager_step_s=x))
+        return sum(math.log(s["mean_tpot_ms"] / r["mean_tpot_ms"]) ** 2 for r, s in zip(rows, sims))
+
+    lo, hi, phi = 0.0, 0.3, (math.sqrt(5) - 1) / 2
+    for _ in range(30):
+        m1, m2 = hi - phi * (hi - lo), lo + phi * (hi - lo)
+        lo, hi = (lo, m2) if loss(m1) < loss(m2) else (m1, hi)
+    return (lo + hi) / 2
+
+
+def admitted_at_once(row) -> bool:
+    """Whether every request of a measured point's wave ran at once (nothing queued behind the pool)."""
+    return row["peak_running"] == min(row["concurrency"], row["max_num_seqs"])
 
 
 def main(argv=None) -> int:
@@ -46,23 +75,35 @@ def main(argv=None) -> int:
         raise SystemExit(f"{args.measured}: expected one known max_num_seqs, found {seqs}")
     assumed = ServerConfig(max_num_seqs=seqs.pop())
     first = simulate_like(rows, args.gpu, assumed)
-    y = np.array([r["mean_tpot_ms"] - s["mean_tpot_ms"] for r, s in zip(rows, first)])
-    running = np.array([r["peak_running"] for r in rows], dtype=float)
+    fit = [i for i, r in enumerate(rows) if admitted_at_once(r)]
+    y = np.array([rows[i]["mean_tpot_ms"] - first[i]["mean_tpot_ms"] for i in fit])
+    running = np.array([rows[i]["peak_running"] for i in fit], dtype=float)
     (a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(y), running], 1), y, rcond=None)
-    fitted = dataclasses.replace(assumed, host_overhead_s=assumed.host_overhead_s + a * 1e-3, host_per_request_s=b * 1e-3)
+    graphs = dataclasses.replace(assumed, host_overhead_s=assumed.host_overhead_s + a * 1e-3,
+                                 host_per_request_s=b * 1e-3, graph_max_tokens=GRAPH_MAX_TOKENS, graphs_decode_only=True)
+    queued = [r for i, r in enumerate(rows) if i not in fit]
+    eager = fit_eager_step(queued, args.gpu, graphs) if queued else 0.0
+    fitted = dataclasses.replace(graphs, eager_step_s=eager)
     second = simulate_like(rows, args.gpu, fitted)
     r0 = rows[0]
     lines = [f"Simulator vs measured: {r0['model']}, {r0['device']} ({r0['date']}, measured) vs '{args.gpu}' (SIMULATED), "
              f"gmu {r0['gmu']}, tp {r0['tp']}, max_num_seqs {assumed.max_num_seqs}, weights {r0['weights']}",
-             f"fit: measured TPOT - assumed TPOT = {a:.3f} ms + {b:.4f} ms x running requests "
+             f"fit over the {len(fit)} points whose whole wave ran at once (peak running = concurrency: decode "
+             "steps only; the others queue, and their prefills share steps): "
+             f"measured TPOT - assumed TPOT = {a:.3f} ms + {b:.4f} ms x running requests "
              f"(host_overhead_s {assumed.host_overhead_s:.2e} -> {fitted.host_overhead_s:.2e}, "
-             f"host_per_request_s 0 -> {fitted.host_per_request_s:.2e})", "",
-             "columns: measured / simulated with assumed fixed costs / simulated with fitted fixed costs", "",
+             f"host_per_request_s 0 -> {fitted.host_per_request_s:.2e})",
+             f"then, with steps of more than {GRAPH_MAX_TOKENS} tokens or with a prefill chunk run eagerly (the "
+             "servers' max_cudagraph_capture_size and FULL_DECODE_ONLY graphs), the eager step's extra cost fitted "
+             f"over the {len(queued)} other points (least squares on log TPOT): eager_step_s {eager:.2e}", "",
+             "columns: measured / simulated with assumed fixed costs / simulated with fitted fixed costs; * = in the fit",
+             "",
              f"{'workload':18s} {'mode':11s} {'conc':>4s} | {'running':>14s} | {'KV usage':>17s} | {'TPOT ms':>17s} | "
              f"{'output tok/s':>20s} | {'p99 TTFT ms':>23s}"]
-    for r, s0, s1 in zip(rows, first, second):
+    for i, (r, s0, s1) in enumerate(zip(rows, first, second)):
         f = lambda k, fmt: "/".join(format(x[k], fmt) for x in (r, s0, s1))  # noqa: E731
-        lines.append(f"{r['workload']:18s} {r['mode']:11s} {r['concurrency']:4d} | {f('peak_running', 'd'):>14s} | "
+        lines.append(f"{r['workload']:18s} {r['mode']:11s} {r['concurrency']:4d}{'*' if i in fit else ' '}| "
+                     f"{f('peak_running', 'd'):>14s} | "
                      f"{f('peak_kv_usage', '.2f'):>17s} | {f('mean_tpot_ms', '.1f'):>17s} | "
                      f"{f('output_throughput', '.0f'):>20s} | {f('p99_ttft_ms', '.0f'):>23s}")
     text = "\n".join(lines)

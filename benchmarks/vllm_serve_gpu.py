@@ -293,7 +293,8 @@ def cmd_sweep(args) -> int:
                       modes=[args.mode], concurrencies=[int(c) for c in args.concurrency.split(",")],
                       num_prompts=args.num_prompts, prompts_per_concurrency=1,
                       out=out / f"serve35b_{args.mode}.parquet",
-                      result_dir=out / "results", device="H200", health_timeout=900, point_timeout=300)
+                      result_dir=out / "results", device="H200", health_timeout=900, point_timeout=300,
+                      retry_failed=args.retry_failed)
     _, bad = run_sweep(cfg, out)
     return 0 if bad == 0 else 1
 
@@ -323,6 +324,8 @@ def main(argv=None) -> int:
     s.add_argument("--max-model-len", type=int, default=2048)
     s.add_argument("--port", type=int, default=8021)
     s.add_argument("--compile", default="decode", choices=tuple(COMPILE))
+    s.add_argument("--retry-failed", action="store_true",
+                   help="rerun the points the checkpoint in --out records as failed (finished ones are kept)")
     f = sub.add_parser("fault")
     f.add_argument("--out", required=True)
     f.add_argument("--mode", default="reconstruct", choices=("store_all", "reconstruct"))

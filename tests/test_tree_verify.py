@@ -115,6 +115,11 @@ FORCED = [  # id, kernel, B, H, HV, K, V, previous window, new window
     ("wy-tree332-after-chain", "wy", 2, 1, 2, 24, 17, DraftTree.chain(1).parents, DraftTree.from_widths((3, 3, 2)).parents),
     ("wy-per-request-after-tree", "wy", 3, 2, 4, 16, 20, DraftTree.from_widths((2, 2)).parents, "per-request-6"),
     ("wy-chain3", "wy", 2, 1, 1, 32, 16, DraftTree.chain(3).parents, DraftTree.chain(3).parents),
+    ("path-tree333-after-tree", "path", 2, 1, 2, 20, 12, DraftTree.from_widths((2, 2)).parents,
+     DraftTree.from_widths((3, 3, 3)).parents),
+    ("path-star5-after-chain", "path", 2, 2, 4, 16, 13, DraftTree.chain(3).parents, DraftTree.from_widths((5,)).parents),
+    ("path-per-request-after-tree", "path", 3, 2, 4, 24, 20, "per-request-9", "per-request-19"),
+    ("path-chain6-k33", "path", 2, 1, 1, 33, 16, DraftTree.chain(2).parents, DraftTree.chain(6).parents),
 ]
 
 
@@ -180,18 +185,18 @@ def test_every_kernel_honours_num_nodes_and_bf16_state(kernel):
             ro, ru = naive_tree_verify(qn[b:b + 1, :n], kn[b:b + 1, :n], *[x[b:b + 1, :n].double() for x in w1[2:]],
                                        state[b:b + 1].double(), chain[:n])
             # outputs take one tf32 pass on a GPU (they feed only bf16 outputs); u stays fp32-accurate
-            o_tol = 3e-3 if kernel == "wy" and default_dot_precision(DEVICE) == "tf32" else 1e-5
+            o_tol = 3e-3 if kernel != "chain" and default_dot_precision(DEVICE) == "tf32" else 1e-5
             assert rel(o[b:b + 1, :n], ro) < o_tol and rel(u[b:b + 1, :n], ru) < 1e-5
 
 
 # ---- the kernel choice ----
 
 def test_selection_is_a_function_of_host_facts():
-    """Chains take the chain kernel at every batch size (measured faster on every chain row), trees the WY
-    pair; the autotune key holds the batch bucket, not the batch size."""
+    """Chains take the chain kernel at every batch size, trees the path kernel; the autotune key holds the batch
+    bucket, not the batch size."""
     assert select_kernel(1, 256, True) == "chain"
     assert select_kernel(4, 1, True) == select_kernel(4, 256, True) == "chain"
-    assert select_kernel(40, 1, False) == "wy" and select_kernel(15, 256, False) == "wy"
+    assert select_kernel(40, 1, False) == "path" and select_kernel(15, 256, False) == "path"
     assert all(LAUNCHES[k] <= 3 and len(KERNEL_FNS[k]) == LAUNCHES[k] for k in KERNELS)
     assert [batch_bucket(b) for b in (1, 2, 4, 5, 16, 17, 64, 65, 256, 300, 5000)] == \
         [1, 4, 4, 16, 16, 64, 64, 256, 256, 1024, 1024]
@@ -203,7 +208,7 @@ def test_capture_picks_what_eager_picks(monkeypatch):
     is being captured, so the captured step runs the eager step's kernel (a captured chain once ran the fma
     kernel because chain detection was skipped during capture)."""
     launched = []
-    for fam in ("chain_fwd", "wy_fwd"):
+    for fam in ("chain_fwd", "path_fwd", "wy_fwd"):
         real = getattr(verify_mod, fam)
         monkeypatch.setattr(verify_mod, fam, lambda *a, _r=real, _n=fam, **kw: (launched.append(_n), _r(*a, **kw))[1])
     gen = torch.Generator().manual_seed(2)
@@ -252,8 +257,8 @@ def test_rejects_bad_kernel_precision_and_chain_flags():
 # ---- GPU: the model's shapes ----
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel,widths", [("chain", (1, 1, 1)), ("wy", (1, 1, 1)), ("wy", (2, 2, 2)),
-                                           ("wy", (3, 3, 3))], ids=str)
+@pytest.mark.parametrize("kernel,widths", [("chain", (1, 1, 1)), ("path", (1, 1, 1)), ("path", (2, 2, 2)),
+                                           ("path", (3, 3, 3)), ("wy", (3, 3, 3))], ids=str)
 @pytest.mark.parametrize("precision", ["tf32", "ieee"])
 def test_model_shapes_bf16_within_twice_the_input_rounding_error(kernel, widths, precision):
     """bf16 q, k, v: the kernel's error against the fp64 reference on the fp32 inputs stays within twice the
@@ -282,7 +287,7 @@ def test_captured_step_runs_the_eager_kernel_and_results(widths, B, monkeypatch)
     T, H, HV, K, V = tree.num_nodes, 16, 32, 128, 128
     gen = torch.Generator().manual_seed(1)
     launched = []
-    for fam in ("chain_fwd", "wy_fwd"):
+    for fam in ("chain_fwd", "path_fwd", "wy_fwd"):
         real = getattr(verify_mod, fam)
         monkeypatch.setattr(verify_mod, fam, lambda *a, _r=real, _n=fam, **kw: (launched.append(_n), _r(*a, **kw))[1])
     par = tree.parents.to("cuda", torch.int32)
@@ -300,11 +305,15 @@ def test_captured_step_runs_the_eager_kernel_and_results(widths, B, monkeypatch)
     graph = torch.cuda.CUDAGraph()
     launched.clear()
     with torch.cuda.graph(graph):  # inside capture: device parents and the chain flag (no host reads there)
-        o, u = tree_verify(*static, state, par, pending=pend, chain=tree.max_depth == T - 1)
+        o, u = tree_verify(*static, state, par, pending=pend, chain=tree.max_depth == T - 1,
+                           max_depth=tree.max_depth)
     assert tuple(launched) == eager_pick
     monkeypatch.setattr(verify_mod, "is_capturing", lambda: True)
     with pytest.raises(ValueError, match="chain = None inside a CUDA-graph capture"):
         tree_verify(*static, state.clone(), par, pending=pend)
+    if T - 1 != tree.max_depth:
+        with pytest.raises(ValueError, match="max_depth = None inside a CUDA-graph capture"):
+            tree_verify(*static, state.clone(), par, pending=pend, chain=False)
     monkeypatch.undo()
     for seed in (2, 3):
         new = window(B, T, H, HV, K, V, torch.Generator().manual_seed(seed), dtype=torch.bfloat16)
@@ -373,12 +382,14 @@ def test_bench_kernels_runs_end_to_end_in_smoke_mode(tmp_path):
     timed = [t for t in data["targets"] if t["unit"] == "us" and t["target"][0] in "1234569"]
     assert timed and all(t["bar"].startswith("report") for t in timed)
     exact = [t for t in data["targets"] if t["target"].startswith("exact:") and not t["bar"].startswith("report")]
-    assert len(exact) == 3 and all(t["ok"] for t in exact)
+    assert all(t["ok"] for t in exact)
+    for family in ("chain", "path tf32", "path ieee"):  # every kernel and precision a row can choose
+        assert any(f", {family} (" in t["target"] for t in exact), family
     assert any("fla rows skipped" in n for n in data["notes"])
     assert (tmp_path / path.name.replace(".json", ".txt")).read_text().startswith("CPU (Triton interpreter")
 
 
-@pytest.mark.parametrize("kernel,T", [("chain", 4), ("wy", 7)])
+@pytest.mark.parametrize("kernel,T", [("chain", 4), ("path", 7), ("wy", 7)])
 def test_state_indices_read_and_write_pool_slots(kernel, T):
     """A serving engine's pool: request b's state and pending stash live in slot state_indices[b] of pools whose
     slot stride is not the row size. The result equals gathering those slots, running the plain call and

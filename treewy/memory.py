@@ -355,6 +355,9 @@ class ServerConfig:
     host_overhead_s: float = 0.5e-3         # per engine step
     host_per_request_s: float = 0.0         # per running request per step (scheduling, sampling, bookkeeping)
     layer_floor_s: float = 20e-6            # per layer per forward pass
+    graph_max_tokens: int | None = None     # vLLM's max_cudagraph_capture_size (512 by default there): steps of
+    graphs_decode_only: bool = False        # more tokens, or with a prefill chunk under FULL_DECODE_ONLY graphs,
+    eager_step_s: float = 0.0               # run eagerly and cost this on top
 
 
 def activation_reserve_bytes(model: ModelSpec, tp: int = 1, mode: str = "store_all", tree=(1, 1, 1),

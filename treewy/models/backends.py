@@ -16,7 +16,7 @@ import torch
 @dataclass(frozen=True)
 class Ops:
     name: str
-    tree_step: object         # (q, k, v, g, beta, state, parents, pending, chain) -> (o, u); pending applied in place
+    tree_step: object         # (q, k, v, g, beta, state, parents, pending, max_depth) -> (o, u); pending applied in place
     flush: object             # (state, pending) -> state, the pending commit applied in place
     store_all_verify: object  # (q, k, v, g, beta, S0, parents) -> (o, states [B, T, HV, V, K])
     tree_conv1d: object       # (x, weight, conv_state, parents, bias, activation) -> y
@@ -31,7 +31,7 @@ def _torch_ops() -> Ops:
     def flush(state, pending):
         return state.copy_(naive_flush(state, pending))
 
-    def tree_step(q, k, v, g, beta, state, parents, pending, chain=False):
+    def tree_step(q, k, v, g, beta, state, parents, pending, max_depth=None):
         if pending is not None:
             flush(state, pending)
         return naive_tree_verify(q, k, v, g, beta, state, parents)
@@ -51,19 +51,22 @@ def _kernel_flush(state, pending):
                            pending.accepted, pending.use_qk_l2norm_in_kernel)
 
 
-def flush_then_verify(q, k, v, g, beta, initial_state, parents, stride_pb, scale, pending=None, chain=False):
+def flush_then_verify(q, k, v, g, beta, initial_state, parents, stride_pb, scale, pending=None, max_depth=None):
     """``tree_verify_fwd(..., pending=pending)`` in two launches: the pending commit in place, then the verify."""
     from treewy.ops.tree_verify import tree_verify_fwd
     if pending is not None:
         _kernel_flush(initial_state, pending)
-    return tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, chain=chain)
+    return tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale,
+                           chain=max_depth == q.shape[1] - 1, max_depth=max_depth)
 
 
-def fused_step(q, k, v, g, beta, initial_state, parents, stride_pb, scale, pending=None, chain=False):
+def fused_step(q, k, v, g, beta, initial_state, parents, stride_pb, scale, pending=None, max_depth=None):
     """One launch: the pending commit folded into the verify (``tree_verify_fwd(..., pending=pending)``);
-    ``chain``: the window is a chain, so the chain kernel runs it."""
+    ``max_depth``: the window's depth (a chain of T nodes is T - 1 deep and runs the chain kernel; None: T - 1,
+    any tree, through the tree kernel)."""
     from treewy.ops.tree_verify import tree_verify_fwd
-    return tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, pending=pending, chain=chain)
+    return tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, pending=pending,
+                           chain=max_depth == q.shape[1] - 1, max_depth=max_depth)
 
 
 #: The launcher of one reconstruct step (deferred commit + verify): ``fused_step`` (one launch) or
@@ -76,9 +79,9 @@ def _kernel_ops() -> Ops:
     from treewy.ops.store_all import store_all_verify_fwd
     from treewy.ops.tree_conv import tree_conv1d_commit_fwd, tree_conv1d_fwd
 
-    def tree_step(q, k, v, g, beta, state, parents, pending, chain=False):
+    def tree_step(q, k, v, g, beta, state, parents, pending, max_depth=None):
         return STEP_LAUNCHER(q, k, v, g, beta, state, parents, _stride(parents), q.shape[-1] ** -0.5,
-                             pending=pending, chain=chain)
+                             pending=pending, max_depth=max_depth)
 
     def store_all_verify(q, k, v, g, beta, S0, parents):
         return store_all_verify_fwd(q, k, v, g, beta, S0, parents, _stride(parents), q.shape[-1] ** -0.5)

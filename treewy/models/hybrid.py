@@ -98,15 +98,14 @@ class Window:
     rows: torch.Tensor      # int64 [B, T]: the same parents per request (acceptance, gathers)
     anc: torch.Tensor       # bool [B, T, T]: inclusive ancestor mask (attention among window tokens)
     depth: torch.Tensor     # int64 [T]
-    max_depth: int
-    chain: bool             # parents[t] = t - 1: the verify runs the chain kernel
+    max_depth: int          # T - 1 for a chain: the verify runs the chain kernel, else the tree kernel
 
     @classmethod
     def of(cls, tree: DraftTree, B: int, device) -> Window:
         par = tree.parents.to(device=device, dtype=torch.int32).contiguous()
         anc = ancestor_mask(tree.parents).to(device)
         return cls(par, par.long()[None].expand(B, -1).contiguous(), anc[None].expand(B, -1, -1),
-                   tree.depth.long().to(device), tree.max_depth, tree.max_depth == tree.num_nodes - 1)
+                   tree.depth.long().to(device), tree.max_depth)
 
 
 @dataclass
@@ -157,7 +156,7 @@ def _gdn_window(cache, gdn, x, i, window, mode, ops, pend):
     q, k, v, g, beta = gdn_inputs(gdn, y, b, a)
     if mode == "reconstruct":
         o, u = ops.tree_step(q, k, v, g, beta, cache.state_view(i), window.parents, cache.pending.pop(i, None),
-                             window.chain)
+                             window.max_depth)
         pend.gdn[i] = ("reconstruct", mixed, u, k, g)
         pend.transient_bytes += u.numel() * u.element_size() // B
     else:

@@ -117,13 +117,14 @@ def step_fn(provider, x, tree, *, kernel=None, dot_precision=None, config=None):
     if provider == "treewy":
         pend = previous_window(x, tree)
         return lambda: tree_verify_fwd(q, k, v, g, beta, state, par, 0, scale, pending=pend, kernel=kernel,
-                                       dot_precision=dot_precision, config=config, chain=chain)
+                                       dot_precision=dot_precision, config=config, chain=chain,
+                                       max_depth=tree.max_depth)
     if provider == "treewy_eager":
         acc = torch.randint(0, T, (B,), device=dev, dtype=torch.int32)
 
         def eager():
             _, u = tree_verify_fwd(q, k, v, g, beta, state, par, 0, scale, kernel=kernel, dot_precision=dot_precision,
-                                   chain=chain)
+                                   chain=chain, max_depth=tree.max_depth)
             tree_commit_fwd(state, u, k, g, par, 0, acc)
         return eager
     if provider == "store_all":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from treewy.testing import random_gdn_inputs, random_tree, rel_err
-from treewy.tree import DraftTree
+from treewy.tree import DraftTree, path_depth
 
 FP32_TOL = 1e-5
 
@@ -143,7 +143,7 @@ def folded_drift(steps: int = 200, B: int = 2, H: int = 1, HV: int = 1, K: int =
     nodes, and 17-19 every eighth step). Returns {"state_err": worst relative
     RMS error of the flushed state against the recurrence over the checkpoints, "final_state_err",
     "out_err": worst output error, "steps", "history": [{"step", "state_err"}] per checkpoint}.
-    ``kernel``, ``dot_precision``, ``config``: as in tree_verify_fwd (kernel None: the WY pair, as for any
+    ``kernel``, ``dot_precision``, ``config``: as in tree_verify_fwd (kernel None: the tree kernel, as for any
     window not known to be a chain). ``progress``: optional callable(step).
     """
     from treewy.ops import PendingCommit, flush_pending, naive_tree_recurrent
@@ -166,7 +166,8 @@ def folded_drift(steps: int = 200, B: int = 2, H: int = 1, HV: int = 1, K: int =
         q, k, v, g, beta = (t.to(input_dtype) for t in (x.q, x.k, x.v, x.g, x.beta))
         par = tree.to(device)
         o, u = tree_verify_fwd(q, k, v, g, beta, state, par, 0 if par.ndim == 1 else T, K ** -0.5, pending=pend,
-                               dot_precision=dot_precision, kernel=kernel, config=config)
+                               dot_precision=dot_precision, kernel=kernel, config=config,
+                               max_depth=int(path_depth(tree).max()))
         ro, states = naive_tree_recurrent(q.double(), k.double(), v.double(), g.double(), beta.double(), S_ref, par)
         worst_out = max(worst_out, rel_err(o, ro))
         acc = torch.randint(0, T, (B,), generator=gen)

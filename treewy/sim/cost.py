@@ -20,7 +20,9 @@ flops / peak)`` on one GPU, and the parts add up:
 * draft: one MTP pass per tree level: the MTP layer's weights (experts touched by its tokens), the
   lm_head, and the MTP layer's KV.
 * overhead: a latency floor per layer per forward pass (kernels under CUDA graphs do not run at
-  the roofline when they are tiny) and a host overhead per step.
+  the roofline when they are tiny), a host overhead per step and per running request, and a cost on top
+  for a step that runs without CUDA graphs (more tokens than the largest captured graph, or a prefill chunk
+  where only decode steps are captured): zero unless a calibrated server config says otherwise.
 * all-reduce (tp > 1): two per layer of tokens x hidden bf16 over NVLink.
 
 Constants and where they come from: achievable bandwidth = 0.89 x spec (calibrated on one number:
@@ -90,6 +92,16 @@ class StepCost:
     host_overhead_s: float = HOST_OVERHEAD_S
     host_per_request_s: float = 0.0
     layer_floor_s: float = LAYER_FLOOR_S
+    graph_max_tokens: int | None = None   # steps of more tokens run without CUDA graphs (None: no such limit)
+    graphs_decode_only: bool = False      # steps with a prefill chunk run without CUDA graphs
+    eager_step_s: float = 0.0             # what a step without CUDA graphs costs on top
+
+    def eager(self, tokens, prefill_tokens):
+        """Whether a step runs without CUDA graphs (scalars or arrays): more tokens than the largest captured
+        graph, or a prefill chunk where only decode steps are captured."""
+        over = (np.asarray(tokens) > self.graph_max_tokens) if self.graph_max_tokens is not None else False
+        mixed = (np.asarray(prefill_tokens) > 0) if self.graphs_decode_only else False
+        return np.logical_or(over, mixed)
 
     def __post_init__(self):
         m, tp = self.model, self.tp
@@ -166,7 +178,7 @@ class StepCost:
             b = self.mtp_dense_bytes + touched(dt) * self.expert_bytes + self.lm_head_bytes + self.mtp_kv_tok * decode_ctx
             t += max(b / bw, (self.flops_per_token / max(m.num_layers, 1) + self.lm_head_flops) * dt / fl) + self.layer_floor_s
         return (t + self.host_overhead_s + self.host_per_request_s * rows + self.layer_floor_s * m.num_layers
-                + self.allreduce_s_per_token * tokens)
+                + self.allreduce_s_per_token * tokens + self.eager_step_s * bool(self.eager(tokens, prefill_tokens)))
 
     def _touched_scalar(self, tokens) -> float:
         m = self.model
@@ -207,5 +219,6 @@ class StepCost:
                 + self.mtp_kv_tok * decode_ctx
             f = (self.flops_per_token / max(m.num_layers, 1) + self.lm_head_flops) * dt
             t_draft = t_draft + np.maximum(b / self.bw, f / self.flops) + self.layer_floor_s
-        overhead = self.host_overhead_s + self.host_per_request_s * rows + self.layer_floor_s * m.num_layers
+        overhead = (self.host_overhead_s + self.host_per_request_s * rows + self.layer_floor_s * m.num_layers
+                    + self.eager_step_s * self.eager(tokens, prefill_tokens))
         return t_gemm + t_attn + t_gdn + t_draft + overhead + self.allreduce_s_per_token * tokens

@@ -4,12 +4,12 @@ as last measured."""
 
 from __future__ import annotations
 
-#: The kernel families ``tree_verify_fwd(kernel=...)`` can force: "chain" (one launch, chains only) and
-#: "wy" (prepare + stream, two launches, any tree).
-KERNELS = ("chain", "wy")
+#: The kernel families ``tree_verify_fwd(kernel=...)`` can force: "chain" (one launch, chains only), "path"
+#: (one launch, any tree) and "wy" (prepare + stream, two launches, any tree).
+KERNELS = ("chain", "path", "wy")
 
 #: Launches per GDN layer per step of each family.
-LAUNCHES = {"chain": 1, "wy": 2}
+LAUNCHES = {"chain": 1, "path": 1, "wy": 2}
 
 
 def select_kernel(T: int, B: int, chain: bool) -> str:
@@ -20,4 +20,4 @@ def select_kernel(T: int, B: int, chain: bool) -> str:
     every chain row: 5.6 vs 13.3 us at B = 1, 141 vs 184 us at B = 64, 546 vs 715 us at B = 256 (bf16 state:
     425 vs 637 us)."""
     del T, B   # the choice needs neither today; kept so that a measured threshold can be added in one place
-    return "chain" if chain else "wy"
+    return "chain" if chain else "path"

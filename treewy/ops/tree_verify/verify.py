@@ -14,24 +14,27 @@ from treewy.ops._triton import is_capturing
 from treewy.ops.checks import check_gdn_kernel_inputs, check_pending
 from treewy.ops.tree_verify.chain import chain_fwd, tree_verify_chain_kernel
 from treewy.ops.tree_verify.common import MAX_KERNEL_NODES
+from treewy.ops.tree_verify.path import path_fwd, tree_verify_path_kernel
 from treewy.ops.tree_verify.select import KERNELS, select_kernel
 from treewy.ops.tree_verify.tuning import check_dot_precision
 from treewy.ops.tree_verify.wy import wy_fwd, wy_prepare_kernel, wy_stream_kernel
 from treewy.tree import DraftTree
 
 #: The kernels behind each family name (launch order), for profilers and the offline compiler.
-KERNEL_FNS = {"chain": (tree_verify_chain_kernel,), "wy": (wy_prepare_kernel, wy_stream_kernel)}
+KERNEL_FNS = {"chain": (tree_verify_chain_kernel,), "path": (tree_verify_path_kernel,),
+              "wy": (wy_prepare_kernel, wy_stream_kernel)}
 
 
 def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, use_qk_l2norm_in_kernel=False,
                     num_nodes=None, dot_precision=None, pending=None, kernel=None, config=None, chain=False,
-                    state_indices=None):
+                    state_indices=None, max_depth=None):
     """Launcher: inputs already validated; parents int32 on the inputs' device. Returns (o, u fp32).
 
     ``pending``: a PendingCommit whose parents and accepted are int32 device tensors (validated), or None;
     ``initial_state`` is then updated in place. ``chain``: the window is a chain (parents[t] = t - 1, not
-    checked here); with ``kernel`` None the family is ``select_kernel(T, B, chain)``. ``kernel``: "chain"
-    or "wy" to force one. ``dot_precision``: None (the device default, see tuning.default_dot_precision),
+    checked here); with ``kernel`` None the family is ``select_kernel(T, B, chain)``. ``kernel``: "chain",
+    "path" or "wy" to force one. ``max_depth``: a bound on every request's tree depth (sizes the path kernel's
+    tables; None: T - 1, always enough; a window deeper than the bound gets NaN outputs, never wrong ones). ``dot_precision``: None (the device default, see tuning.default_dot_precision),
     "tf32", "ieee" or "tf32_plain". ``config``: a ``triton.Config`` of the tuned kernel (the stream kernel
     for "wy") to launch instead of the autotuned one. ``state_indices``: None (request b's state is
     ``initial_state[b]``, its pending u / k / g row b) or int32 [B] on the device: ``initial_state`` and the
@@ -47,16 +50,21 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     if kernel == "chain":
         return chain_fwd(q, k, v, g, beta, initial_state, num_nodes, pending, scale, use_qk_l2norm_in_kernel, o, u,
                          config=config, state_indices=state_indices)
+    if kernel == "path":
+        return path_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, num_nodes, pending, scale,
+                        use_qk_l2norm_in_kernel, o, u, check_dot_precision(dot_precision, v.device),
+                        max_depth=T - 1 if chain else max_depth, config=config, state_indices=state_indices)
     return wy_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, num_nodes, pending, scale,
                   use_qk_l2norm_in_kernel, o, u, check_dot_precision(dot_precision, v.device), config=config,
                   state_indices=state_indices)
 
 
-def _window_is_chain(parents, par: torch.Tensor, T: int, capturing: bool) -> bool | None:
-    """Whether every request's window is a chain, from host data where there is some (a DraftTree, a list,
-    a CPU tensor), else from the device tensor (one sync); None inside capture with a device tensor."""
+def _window_depth(parents, par: torch.Tensor, capturing: bool) -> int | None:
+    """The deepest node's depth over every request's window, from host data where there is some (a DraftTree,
+    a list, a CPU tensor), else from the device tensor (one sync); None inside capture with a device tensor.
+    A window of T nodes is a chain exactly when its depth is T - 1."""
     if isinstance(parents, DraftTree):
-        return parents.max_depth == T - 1
+        return parents.max_depth
     host = parents if isinstance(parents, torch.Tensor) and parents.device.type == "cpu" else None
     if host is None and not isinstance(parents, torch.Tensor):
         host = torch.as_tensor(parents)
@@ -64,11 +72,16 @@ def _window_is_chain(parents, par: torch.Tensor, T: int, capturing: bool) -> boo
         if capturing:
             return None
         host = par
-    return bool((host == torch.arange(-1, T - 1, device=host.device, dtype=host.dtype)).all())
+    cur = host.long()
+    depth = torch.zeros_like(cur)
+    while bool((cur >= 0).any()):  # parents precede children (validated), so this ends within T steps
+        depth += cur >= 0
+        cur = torch.where(cur >= 0, torch.gather(host.long(), -1, cur.clamp(min=0)), -1)
+    return int(depth.max()) if depth.numel() else 0
 
 
 def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2norm_in_kernel=False,
-                num_nodes=None, pending=None, kernel=None, chain=None, dot_precision=None):
+                num_nodes=None, pending=None, kernel=None, chain=None, dot_precision=None, max_depth=None):
     """Outputs and pseudo-values of every tree node (kernel twin of ``naive_tree_verify``).
 
     q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV] (bf16 or fp32); initial_state [B, HV, V, K]
@@ -81,9 +94,11 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     left as they are), then the window is verified from it. The next step's pending commit is
     ``PendingCommit(u, k, g, parents, accepted)`` of this window.
 
-    kernel: None (``select_kernel``), "chain" (chains only) or "wy". chain: None finds it from ``parents``
-    (host data, or the device tensor outside capture); inside a CUDA-graph capture pass it (True / False) so
-    the capture picks the kernel an eager call picks. dot_precision: see ``tree_verify_fwd``.
+    kernel: None (``select_kernel``), "chain" (chains only), "path" or "wy". chain: None finds it from
+    ``parents`` (host data, or the device tensor outside capture); inside a CUDA-graph capture pass it
+    (True / False) so the capture picks the kernel an eager call picks. max_depth: None finds the windows'
+    depth the same way; inside such a capture pass it too (a bound that does not hold gives NaN outputs, never
+    wrong ones). dot_precision: see ``tree_verify_fwd``.
 
     While a CUDA graph is being captured only metadata is checked: pass int32 device tensors validated
     beforehand.
@@ -97,14 +112,24 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"kernel = {kernel!r}: expected None or one of {KERNELS}")
     dot_precision = check_dot_precision(dot_precision, q.device)
+    depth = _window_depth(parents, par, capturing) if max_depth is None or chain is None or chain else None
+    if max_depth is None:
+        max_depth = depth
+    elif values and depth is not None and depth > max_depth:
+        raise ValueError(f"max_depth = {max_depth} but the window is {depth} deep; pass max_depth=None to "
+                         "detect it")
+    if max_depth is None and capturing and not chain and kernel in (None, "path"):
+        raise ValueError("max_depth = None inside a CUDA-graph capture with device-tensor parents: pass the "
+                         "windows' depth bound (DraftTree.max_depth) so the capture compiles the path kernel "
+                         "an eager call compiles")
     if chain is None:
-        chain = _window_is_chain(parents, par, dims.T, capturing)
+        chain = None if depth is None else depth == dims.T - 1
         if chain is None and kernel is None:
             raise ValueError("chain = None inside a CUDA-graph capture with device-tensor parents: the kernel "
                              "choice cannot read them there; pass chain=True or chain=False (as the eager call "
                              "finds it), or kernel=")
         chain = chain if chain is not None else kernel == "chain"
-    elif values and chain and not _window_is_chain(parents, par, dims.T, False):
+    elif values and chain and depth != dims.T - 1:
         raise ValueError("chain = True but the window is not a chain (parents[t] = t - 1 for every t); pass "
                          "chain=None to detect it")
     if kernel == "chain" and not chain:
@@ -112,4 +137,5 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
                          "leave kernel=None for trees")
     scale = dims.K ** -0.5 if scale is None else float(scale)
     return tree_verify_fwd(q, k, v, g, beta, initial_state, par, stride_pb, scale, use_qk_l2norm_in_kernel, nn,
-                           dot_precision=dot_precision, pending=pending, kernel=kernel, chain=bool(chain))
+                           dot_precision=dot_precision, pending=pending, kernel=kernel, chain=bool(chain),
+                           max_depth=max_depth)

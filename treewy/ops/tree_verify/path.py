@@ -1,0 +1,289 @@
+"""Path kernel: the WY form of any tree in one launch, with (I + M)^-1 and P applied along each node's root
+path instead of as dense [T, T] products.
+
+Status: parity with ``naive_tree_step`` (fp64) under the Triton interpreter on CPU (chains, stars, (2,2,2),
+(3,3,3), random per-request trees, num_nodes, GVA, awkward K and V, keys normalized in the kernel, fp32 and
+bf16 state, mild and hard gates, folded steps, a state pool); bf16 inputs and the tensor-core timings on the
+GPU through tests marked ``gpu`` and benchmarks/bench_kernels.py. Limits: T <= 128 nodes per request; the
+tables are [BT, BD] with BD = the depth bound + 1, so deep trees cost registers (see ``depth_block``).
+
+M and P only link a node t to its root path a_0 = t, a_1 = parent, ..., a_d = root (d = depth of t):
+
+    m_j(t) = M[t, a_j] = beta_t exp(G_t - G_{a_j}) k_t.k_{a_j},  p_j(t) = P[t, a_j] = scale exp(G_t - G_{a_j}) q_t.k_{a_j}
+
+(with 1 / ||k||, 1 / ||q|| when keys are normalized in the kernel). From (I + M)^-1 (I + M) = I, row t of the
+inverse lives on the same path and follows by forward substitution along it, and so does row t of P (I + M)^-1:
+
+    x_0(t) = 1,   x_j(t) = -sum_{i < j} x_i(t) m_{j-i}(a_i)                 ((I + M)^-1 [t, a_j])
+    w_j(t) = sum_{i <= j} p_i(t) x_{j-i}(a_i)                                ((P (I + M)^-1) [t, a_j])
+
+so that, with R = beta v - beta exp(G) K S^T and Xq = Q S^T,
+
+    u_t = sum_j x_j(t) R[a_j],    o_t = scale exp(G_t) Xq_t + sum_j w_j(t) R[a_j].
+
+Per program (request, value head, value tile): the tree, the path cumsums and the coefficient tables in
+registers ([BT, BD]: the dot products k_t.k_{a_j} and q_t.k_{a_j} in exact fp32 from gathered rows), then per
+key chunk the state tile is read, the pending commit folded in (``fold.py``) and written back, and K S^T
+(fp32-accurate: ``_dot_fp32``, it feeds u) and Q S^T (one tf32 pass, it feeds only the bf16 outputs)
+accumulate on tensor cores; then the path sums gather rows of R ((d + 1) gathers of a [BT, BV] tile). No
+[T, T] tile, no (I + M)^-1 product, nothing written between launches. A window deeper than the tables hold
+(depth >= BD) writes NaN outputs rather than wrong ones.
+"""
+
+from __future__ import annotations
+
+from treewy.ops import _triton  # noqa: F401  (sets TRITON_INTERPRET before any kernel is defined)
+
+import torch
+import triton
+import triton.language as tl
+
+from treewy.ops._triton import INTERPRET
+from treewy.ops.tree_verify.common import _dot_fp32, _program
+from treewy.ops.tree_verify.fold import FOLD_ROWS, _fold_tile, _pending_key_scale, _pending_path, _request_bases
+from treewy.ops.tree_verify.tuning import AUTOTUNE_EXTRA, KEY_DOTS, batch_bucket, fit_v, pending_args
+
+#: Depth bounds up to which the ancestors' key rows of a chunk are loaded in one unrolled batch (deeper tables
+#: loop over them at run time).
+UNROLL_DEPTH = tl.constexpr(8)
+
+#: Key chunk of those dot products.
+ROW_BK = tl.constexpr(32)
+
+#: (BV, BK, warps, stages) the kernel is tuned over, per precision and padded window BT: each compiles for
+#: sm_90 without spills with Triton 3.6 at depth 3 (benchmarks/compile_offline.py --all), except BT = 128.
+#: One stage from BT = 64 on, as for the WY stream kernel (two-stage configs gave wrong outputs there).
+CONFIGS = {
+    ("tf32", 16): ((32, 64, 4, 2), (64, 32, 4, 1), (16, 64, 4, 2), (64, 64, 4, 2)),
+    ("tf32", 32): ((32, 64, 4, 2), (64, 32, 4, 1), (16, 32, 4, 1)),
+    ("tf32", 64): ((32, 32, 4, 1), (16, 32, 4, 1), (64, 32, 8, 1), (32, 64, 4, 1)),
+    ("tf32", 128): ((16, 32, 8, 1), (16, 16, 8, 1)),
+    ("ieee", 16): ((32, 32, 4, 1), (16, 64, 4, 2)),
+    ("ieee", 32): ((32, 32, 4, 1), (16, 64, 4, 2)),
+    ("ieee", 64): ((16, 32, 4, 1), (32, 32, 4, 1)),
+    ("ieee", 128): ((16, 16, 8, 1),),
+}
+
+
+def depth_block(T: int, max_depth: int | None) -> int:
+    """BD, the columns of the coefficient tables: the next power of two above the window's largest depth
+    (at least 2), or above T - 1 when the depth is not known (always enough, costlier for wide trees)."""
+    d = T - 1 if max_depth is None else min(int(max_depth), T - 1)
+    return triton.next_power_of_2(max(d + 1, 2))
+
+
+def _configs():
+    if INTERPRET:
+        return [triton.Config({"BV": 16, "BK": 16}, num_warps=4)]
+    shapes = sorted({cfg for cfgs in CONFIGS.values() for cfg in cfgs})
+    return [triton.Config({"BV": bv, "BK": bk}, num_warps=w, num_stages=s) for bv, bk, w, s in shapes]
+
+
+def _config_key(c):
+    return c.kwargs["BV"], c.kwargs["BK"], c.num_warps, c.num_stages
+
+
+def _prune(configs, named_args, **kwargs):
+    """The configs listed for the launch's precision and padded window BT (and no wider than V)."""
+    args = {**named_args, **kwargs}
+    keep = CONFIGS[(args["DOT_PRECISION"], args["BT"])]
+    return [c for c in fit_v(configs, named_args, **kwargs) if _config_key(c) in keep] or configs[:1]
+
+
+@triton.jit
+def _col(b_tab, o_d, j):
+    """Column j of a [BT, BD] table, as a [BT] vector."""
+    return tl.sum(tl.where(o_d[None, :] == j, b_tab, 0), 1)
+
+
+@triton.jit
+def _at(b_x, b_idx):
+    """b_x[idx] for a [BT] vector and [BT] indices; 0 where idx < 0."""
+    return tl.where(b_idx >= 0, tl.gather(b_x, tl.maximum(b_idx, 0), 0), 0)
+
+
+@triton.jit
+def _walk(parents, g, beta, i_b64, i_hv, m_t, stride_pb, T, HV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """(ancestors a_j [BT, BD]: a_0 = t, -1 past the root or num_nodes; path cumsums G and beta [BT]; depth), all
+    nodes walked up at once in registers."""
+    o_t = tl.arange(0, BT)
+    o_d = tl.arange(0, BD)
+    b_par = tl.load(parents + i_b64 * stride_pb + o_t, mask=m_t, other=-1)
+    b_g = tl.load(g + (i_b64 * T + o_t) * HV + i_hv, mask=m_t, other=0).to(tl.float32)
+    b_beta = tl.load(beta + (i_b64 * T + o_t) * HV + i_hv, mask=m_t, other=0).to(tl.float32)
+    b_anc = tl.where(o_d[None, :] == 0, tl.where(m_t, o_t, -1)[:, None], -1)
+    b_G = b_g
+    b_cur = b_par
+    n_depth = 0
+    while tl.max(b_cur, 0) >= 0:
+        n_depth += 1
+        b_anc = tl.where(o_d[None, :] == n_depth, b_cur[:, None], b_anc)
+        b_G += _at(b_g, b_cur)
+        b_cur = tl.where(b_cur >= 0, tl.gather(b_par, tl.maximum(b_cur, 0), 0), -1)
+    return b_anc, b_G, b_beta, n_depth
+
+
+@triton.jit
+def _ancestor_dots(b_KK, b_QK, b_k, b_q, k, b_anc, o_d, j, i_b64, i_h, o_k, m_k, T, H: tl.constexpr,
+                   K: tl.constexpr):
+    """Add k_t.k_{a_j} and q_t.k_{a_j} over one key chunk to column j of the tables (exact fp32 FMAs; the
+    ancestors' key rows are gathered from global memory, where this program just read them)."""
+    b_a = _col(b_anc, o_d, j)
+    b_ka = tl.load(k + ((i_b64 * T + tl.maximum(b_a, 0)) * H + i_h)[:, None] * K + o_k[None, :],
+                   mask=(b_a >= 0)[:, None] & m_k[None, :], other=0).to(tl.float32)
+    b_KK += tl.where(o_d[None, :] == j, tl.sum(b_k * b_ka, 1)[:, None], 0.0)
+    b_QK += tl.where(o_d[None, :] == j, tl.sum(b_q * b_ka, 1)[:, None], 0.0)
+    return b_KK, b_QK
+
+
+@triton.jit
+def _path_coefficients(b_anc, b_G, b_beta, b_KK, b_QK, b_qq, m_t, n_depth, scale, BD: tl.constexpr,
+                       USE_QK_L2NORM_IN_KERNEL: tl.constexpr):
+    """(x_j, w_j [BT, BD], beta exp(G) / ||k||, scale exp(G) / ||q|| [BT]) from the ancestors, the path
+    cumsums and the dot-product tables (column 0: k_t.k_t and q_t.k_t; column j: with a_j's key)."""
+    o_d = tl.arange(0, BD)
+    b_rk = tl.where(m_t, 1.0, 0.0)
+    b_rq = tl.where(m_t, 1.0, 0.0)
+    if USE_QK_L2NORM_IN_KERNEL:
+        b_rk = 1.0 / tl.sqrt(_col(b_KK, o_d, 0) + 1e-6)
+        b_rq = 1.0 / tl.sqrt(b_qq + 1e-6)
+    # m_j(t) = M[t, a_j] and p_j(t) = P[t, a_j]: decays of ancestor pairs only, exp(G_t - G_a) <= 1
+    b_m = tl.zeros(b_KK.shape, dtype=tl.float32)
+    b_p = tl.where(o_d[None, :] == 0, (scale * b_rq * b_rk * _col(b_QK, o_d, 0))[:, None], 0.0)
+    for j in range(1, n_depth + 1):
+        b_a = _col(b_anc, o_d, j)
+        m_a = b_a >= 0
+        b_w = tl.where(m_a, tl.exp(tl.where(m_a, b_G - _at(b_G, b_a), float("-inf"))), 0.0) * _at(b_rk, b_a)
+        b_m = tl.where(o_d[None, :] == j, (b_beta * b_rk * b_w * _col(b_KK, o_d, j))[:, None], b_m)
+        b_p = tl.where(o_d[None, :] == j, (scale * b_rq * b_w * _col(b_QK, o_d, j))[:, None], b_p)
+
+    # rows of (I + M)^-1 and of P (I + M)^-1 along each path
+    b_x = tl.where((o_d[None, :] == 0) & m_t[:, None], 1.0, 0.0)
+    for j in range(1, n_depth + 1):
+        b_acc = tl.zeros(b_beta.shape, dtype=tl.float32)
+        for i in range(0, j):
+            b_acc += _col(b_x, o_d, i) * _at(_col(b_m, o_d, j - i), _col(b_anc, o_d, i))
+        b_x = tl.where(o_d[None, :] == j, -b_acc[:, None], b_x)
+    b_wt = tl.zeros(b_KK.shape, dtype=tl.float32)
+    for j in range(0, n_depth + 1):
+        b_acc = tl.zeros(b_beta.shape, dtype=tl.float32)
+        for i in range(0, j + 1):
+            b_acc += _col(b_p, o_d, i) * _at(_col(b_x, o_d, j - i), _col(b_anc, o_d, i))
+        b_wt = tl.where(o_d[None, :] == j, b_acc[:, None], b_wt)
+    b_eG = tl.where(m_t, tl.exp(b_G), 0.0)
+    return b_x, b_wt, b_beta * b_eG * b_rk, scale * b_eG * b_rq
+
+
+@triton.autotune(configs=_configs(), key=KEY_DOTS + ["BD"], restore_value=["h0"],
+                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune}, **AUTOTUNE_EXTRA)
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb", "stride_pu", "stride_pk", "stride_pg",
+                               "B_BUCKET"])
+def tree_verify_path_kernel(
+    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc, state_idx,
+    stride_hb, stride_pb, stride_ppb, stride_pu, stride_pk, stride_pg, scale, T, PT, B_BUCKET,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
+    HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr, PENDING_L2NORM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, K_TF32: tl.constexpr, FOLD_ROWS: tl.constexpr,
+    HAS_STATE_INDICES: tl.constexpr,
+):
+    i_v, i_b, i_b64, i_hv, i_h = _program(H, HV)
+    h0, pu, pk, pg, ppar, pacc = _request_bases(i_b, i_b64, h0, pu, pk, pg, ppar, pacc, state_idx, stride_hb,
+                                                stride_pu, stride_pk, stride_pg, stride_ppb, HAS_STATE_INDICES)
+    o_t = tl.arange(0, BT)
+    o_d = tl.arange(0, BD)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
+    m_t = o_t < n_b
+    b_anc, b_G, b_beta, n_depth = _walk(parents, g, beta, i_b64, i_hv, m_t, stride_pb, T, HV, BT, BD)
+    if HAS_PENDING:
+        a, o_p, rank, n_path, b_C, b_w = _pending_path(0, 0, i_hv, pg, ppar, pacc, 0, PT, HV, BPT)
+        b_w = b_w * _pending_key_scale(0, i_h, pk, o_p, rank, PT, H, K, BPT, PENDING_L2NORM)
+
+    # each node's key and query against its own and its ancestors' keys, in exact fp32 (rows from global
+    # memory, the ancestors' gathered; one chunk's loads issued together)
+    b_KK = tl.zeros([BT, BD], dtype=tl.float32)
+    b_QK = tl.zeros([BT, BD], dtype=tl.float32)
+    b_qq = tl.zeros([BT], dtype=tl.float32)
+    p_qk = (i_b64 * T + o_t) * H + i_h
+    for i_k in range(0, tl.cdiv(K, ROW_BK)):
+        o_k = i_k * ROW_BK + tl.arange(0, ROW_BK)
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_k = tl.load(k + p_qk[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+        b_q = tl.load(q + p_qk[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+        b_KK += tl.where(o_d[None, :] == 0, tl.sum(b_k * b_k, 1)[:, None], 0.0)
+        b_QK += tl.where(o_d[None, :] == 0, tl.sum(b_q * b_k, 1)[:, None], 0.0)
+        if USE_QK_L2NORM_IN_KERNEL:
+            b_qq += tl.sum(b_q * b_q, 1)
+        if BD <= UNROLL_DEPTH:
+            for j in tl.static_range(1, BD):
+                b_KK, b_QK = _ancestor_dots(b_KK, b_QK, b_k, b_q, k, b_anc, o_d, j, i_b64, i_h, o_k, m_k, T, H, K)
+        else:
+            for j in range(1, n_depth + 1):
+                b_KK, b_QK = _ancestor_dots(b_KK, b_QK, b_k, b_q, k, b_anc, o_d, j, i_b64, i_h, o_k, m_k, T, H, K)
+    b_x, b_wt, b_ck, b_cq = _path_coefficients(b_anc, b_G, b_beta, b_KK, b_QK, b_qq, m_t, n_depth, scale, BD,
+                                               USE_QK_L2NORM_IN_KERNEL)
+
+    # per key chunk: the state tile read, folded and written once; K S^T and Q S^T on tensor cores
+    b_xk = tl.zeros([BT, BV], dtype=tl.float32)
+    b_xq = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        p_h = h0 + i_hv * V * K + o_k[:, None] + o_v[None, :] * K
+        m_h = m_k[:, None] & m_v[None, :]
+        b_h = tl.load(p_h, mask=m_h, other=0).to(tl.float32)  # [BK, BV]: S^T
+        if HAS_PENDING:
+            b_h = _fold_tile(b_h, 0, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, o_p, rank, n_path, b_C, b_w, PT,
+                             H, HV, K, V, FOLD_ROWS, True).to(p_h.dtype.element_ty)
+            if a >= 0:
+                tl.store(p_h, b_h, mask=m_h)
+            b_h = b_h.to(tl.float32)  # verify from exactly the state that is stored
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_k = tl.load(k + p_qk[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+        b_q = tl.load(q + p_qk[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+        b_xk += _dot_fp32(b_k, b_h, DOT_PRECISION, SPLIT, K_TF32, False)
+        b_xq = tl.dot(b_q, b_h, b_xq, input_precision=DOT_PRECISION)
+
+    # R, then u and o as sums of gathered rows of R along each node's path
+    p_tv = (i_b64 * T + o_t[:, None]) * HV * V + i_hv * V + o_v[None, :]
+    b_v = tl.load(v + p_tv, mask=m_t[:, None] & m_v[None, :], other=0).to(tl.float32)
+    b_R = b_beta[:, None] * b_v - b_ck[:, None] * b_xk
+    b_U = _col(b_x, o_d, 0)[:, None] * b_R
+    b_o = b_cq[:, None] * b_xq + _col(b_wt, o_d, 0)[:, None] * b_R
+    for j in range(1, n_depth + 1):
+        b_a = _col(b_anc, o_d, j)
+        b_Ra = tl.gather(b_R, tl.broadcast_to(tl.maximum(b_a, 0)[:, None], [BT, BV]), 0)
+        b_U += _col(b_x, o_d, j)[:, None] * b_Ra
+        b_o += _col(b_wt, o_d, j)[:, None] * b_Ra
+    if n_depth >= BD:  # the tables could not hold this window's paths: say so rather than be wrong
+        b_U = b_U + float("nan")
+        b_o = b_o + float("nan")
+    m_store = (o_t < T)[:, None] & m_v[None, :]
+    tl.store(u + p_tv, b_U, mask=m_store)
+    tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_store)
+
+
+def path_fwd(q, k, v, g, beta, state, parents, stride_pb, num_nodes, pending, scale, use_qk_l2norm_in_kernel, o, u,
+             dot_precision, max_depth=None, config=None, state_indices=None):
+    """Launch the path kernel (inputs validated; parents int32 on the device; ``max_depth`` a bound on every
+    request's depth, or None for T - 1). Writes o and u, folds ``pending`` into the state."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    prec, split = ("ieee", False) if dot_precision == "ieee" else ("tf32", dot_precision == "tf32")
+    pu, pk, pg, ppar, pacc, PT, stride_ppb, pl2, pending_strides = pending_args(pending, u)
+    fn, tuned = (tree_verify_path_kernel, {}) if config is None else (tree_verify_path_kernel.fn,
+                                                                        dict(config.all_kwargs()))
+    fn[lambda meta: (triton.cdiv(V, meta["BV"]), B * HV)](
+        q, k, v, g, beta, state, parents, num_nodes if num_nodes is not None else parents, o, u,
+        pu, pk, pg, ppar, pacc, u if state_indices is None else state_indices,
+        state.stride(0), stride_pb, stride_ppb, *pending_strides, scale, T, PT, batch_bucket(B),
+        H=H, HV=HV, K=K, V=V, BT=max(16, triton.next_power_of_2(T)), BD=depth_block(T, max_depth),
+        BPT=triton.next_power_of_2(max(PT, 2)), USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
+        HAS_NUM_NODES=num_nodes is not None, HAS_PENDING=pending is not None, PENDING_L2NORM=pl2,
+        DOT_PRECISION=prec, SPLIT=split, K_TF32=k.dtype in (torch.bfloat16, torch.float16),
+        FOLD_ROWS=FOLD_ROWS, HAS_STATE_INDICES=state_indices is not None, **tuned,
+    )
+    return o, u
