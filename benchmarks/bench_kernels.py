@@ -12,7 +12,7 @@ cut short keeps what it measured):
   other candidate family timed beside it, and a check that the choice is the fastest;
 - launches per GDN layer per step (counted by the profiler), bytes moved against the roofline (the state read
   and written once plus the window's inputs and outputs, at the H200's 4.27 TB/s copy bandwidth), and the
-  WY pair's own traffic (its prepare output written and read once);
+  kernel's own traffic;
 - fla-core's fused_recurrent over the same 4 tokens (target 5; skipped with a note when fla is not importable);
 - captured vs eager: a captured step launches the eager step's kernels and replays to its results; eager times;
 - the autotuner's tunings (keyed by batch bucket, not batch size);
@@ -80,22 +80,17 @@ def is_chain(tree):
 def candidates(tree, B):
     """The selected family first, then the others that can run the window (chains: both)."""
     chosen = select_kernel(tree.num_nodes, B, is_chain(tree))
-    return [chosen] + [k for k in (("chain", "path", "wy") if is_chain(tree) else ("path", "wy")) if k != chosen]
+    return [chosen] + [k for k in (("chain", "path") if is_chain(tree) else ("path",)) if k != chosen]
 
 
 def pinned_configs():
     """Launch configs for the drift runs (no autotuning there: many window/pending shapes, few steps each);
     each compiles for sm_90 without spills (benchmarks/compile_offline.py)."""
-    import triton
-
     from treewy.ops.tree_verify.chain import fixed_config
+    from treewy.ops.tree_verify.path import config
 
-    return {("chain", None): fixed_config(),
-            ("path", "tf32"): triton.Config({"BV": 32, "BK": 64}, num_warps=4, num_stages=1),
-            ("path", "ieee"): triton.Config({"BV": 16, "BK": 32}, num_warps=4, num_stages=1),
-            ("wy", "tf32"): triton.Config({"BV": 32, "BK": 64}, num_warps=4, num_stages=2),
-            ("wy", "tf32_plain"): triton.Config({"BV": 32, "BK": 64}, num_warps=4, num_stages=2),
-            ("wy", "ieee"): triton.Config({"BV": 16, "BK": 32}, num_warps=8, num_stages=1)}
+    return {("chain", None): fixed_config(), ("path", "tf32"): config(32, 32, 4, 1, 32, True),
+            ("path", "tf32_plain"): config(32, 32, 4, 1, 32, True), ("path", "ieee"): config(16, 32, 4, 1, 32, False)}
 
 
 @contextmanager
@@ -118,9 +113,7 @@ def recording():
     with mock.patch.object(verify, "chain_fwd", side_effect=lambda *a, _f=verify.chain_fwd, **k: (
             calls.append("chain"), _f(*a, **k))[1]), \
          mock.patch.object(verify, "path_fwd", side_effect=lambda *a, _f=verify.path_fwd, **k: (
-            calls.append("path"), _f(*a, **k))[1]), \
-         mock.patch.object(verify, "wy_fwd", side_effect=lambda *a, _f=verify.wy_fwd, **k: (
-            calls.append("wy"), _f(*a, **k))[1]):
+            calls.append("path"), _f(*a, **k))[1]):
         yield calls
 
 
@@ -307,6 +300,11 @@ def capture_vs_eager(b: Bench, write):
         del x
     tunings = {n: len(getattr(f[-1], "cache", {})) for n, f in verify.KERNEL_FNS.items()}
     b.extra["autotune tunings"] = tunings
+    b.extra["autotune picks"] = {n: {str(key): str(cfg) for key, cfg in getattr(f[-1], "cache", {}).items()}
+                                 for n, f in verify.KERNEL_FNS.items()}
+    for n, picks in b.extra["autotune picks"].items():
+        for key, cfg in picks.items():
+            b.log(f"autotune {n}: {cfg} for {key}")
     batches = sorted({b.batch(B) for *_, B, _s, _b in ROWS})
     b.targets.append(target(f"8 autotune tunings ({', '.join(tunings)}) over batch sizes {batches}",
                             sum(tunings.values()), f"report: {tunings}", True))
@@ -320,8 +318,7 @@ def exactness(b: Bench, write):
     pins = {} if b.smoke else pinned_configs()
     chain3, t222, t333, chain1 = tree_of((1, 1, 1)), tree_of((2, 2, 2)), tree_of((3, 3, 3)), DraftTree.chain(1)
     runs = [("chain", None, [chain3, chain1], steps), ("path", "tf32", [t333, t222, chain3], steps),
-            ("path", "ieee", [t333, chain3], steps), ("wy", "tf32", [t333, t222, chain3], steps),
-            ("wy", "ieee", [t333, chain3], steps), ("wy", "tf32_plain", [t333], max(2, steps // 4))]
+            ("path", "ieee", [t333, chain3], steps), ("path", "tf32_plain", [t333], max(2, steps // 4))]
     for kernel, prec, trees, n in runs:
         label = f"{kernel}" + (f" {prec}" if prec else "")
         if b.past_deadline(f"drift {label}"):
@@ -354,7 +351,7 @@ def bf16_outputs(b: Bench):
     """bf16 q, k, v: the error against the fp64 reference on the unrounded inputs, against twice the error of
     rounding the inputs alone (the fp64 reference on the rounded inputs); the precisions' output errors."""
     d = b.dims
-    for widths, kernel in (((1, 1, 1), "chain"), ((1, 1, 1), "path"), ((3, 3, 3), "path"), ((3, 3, 3), "wy")):
+    for widths, kernel in (((1, 1, 1), "chain"), ((1, 1, 1), "path"), ((3, 3, 3), "path")):
         tree = tree_of(widths)
         x = make(4, tree.num_nodes, d["H"], d["HV"], d["K"], d["V"], torch.float32, device="cuda",
                  input_dtype=torch.float32)

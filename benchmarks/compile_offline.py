@@ -4,8 +4,7 @@ opcodes (shuffles, shared-memory traffic, barriers, loads, stores, FMAs). Cheap 
 spending GPU time; the register counts matched the H200's within a few registers on 2026-11-29.
 
     TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel chain --BV 8 --warps 1 --stages 3
-    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel wy_stream --T 40 --BV 32 --BK 32 --warps 4
-    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel wy_prepare --T 40 --warps 8 --ttgir
+    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel path --T 40 --BV 32 --BK 32 --warps 4 --ttgir
     TRITON_INTERPRET=0 python benchmarks/compile_offline.py --all     # every config the launchers may pick
 
 Uses the ptxas and nvdisasm that ship with Triton's NVIDIA backend. Pointers and the state's batch
@@ -25,7 +24,7 @@ from collections import Counter
 OPS = ("FFMA", "FMUL", "FADD", "SHFL", "LDS", "STS", "LDSM", "BAR", "HMMA", "HGMMA", "LDG", "STG", "LDL", "STL", "MUFU")
 POINTERS = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", h0="*fp32", parents="*i32",
                 num_nodes="*i32", o="*bf16", u="*fp32", pu="*fp32", pk="*bf16", pg="*fp32", ppar="*i32",
-                pacc="*i32", prep="*fp32", state_idx="*i32")
+                pacc="*i32", state_idx="*i32")
 
 
 def compile_sm90(jit_fn, constexprs, pointers, num_warps, num_stages):
@@ -62,7 +61,7 @@ def report(ck):
                 shared=ck.metadata.shared, **{op: ops.get(op, 0) for op in OPS}, total=sum(ops.values()))
 
 
-KERNEL_NAMES = ("chain", "path", "wy_prepare", "wy_stream")
+KERNEL_NAMES = ("chain", "path")
 
 
 def constexprs(args):
@@ -71,9 +70,8 @@ def constexprs(args):
 
     from treewy.ops.tree_verify.fold import FOLD_ROWS
     from treewy.ops.tree_verify.path import depth_block
-    from treewy.ops.tree_verify.wy import precision_flags, prepare_block_k
 
-    prec, split = precision_flags(args.precision)
+    prec, split = ("ieee", False) if args.precision == "ieee" else ("tf32", args.precision == "tf32")
     bt = triton.next_power_of_2(max(args.T, 2))
     flags = dict(USE_QK_L2NORM_IN_KERNEL=args.l2norm, HAS_NUM_NODES=False)
     pending = dict(BPT=triton.next_power_of_2(max(args.PT, 2)), HAS_PENDING=True, PENDING_L2NORM=args.l2norm,
@@ -82,19 +80,13 @@ def constexprs(args):
     if args.kernel == "chain":
         return dict(H=args.H, HV=args.HV, K=args.K, V=args.V, BT=bt, BK=triton.next_power_of_2(args.K), BV=args.BV,
                     **flags, **pending)
-    if args.kernel == "path":
-        return dict(H=args.H, HV=args.HV, K=args.K, V=args.V, BT=max(16, bt), BD=depth_block(args.T, args.depth),
-                    BK=args.BK or 64, BV=args.BV, **flags, **pending, **dots)
-    if args.kernel == "wy_prepare":
-        return dict(H=args.H, HV=args.HV, K=args.K, BT=max(16, bt), BK=args.BK or prepare_block_k(args.K), **flags,
-                    **dots)
-    return dict(H=args.H, HV=args.HV, K=args.K, V=args.V, BT=max(16, bt), BK=args.BK or 64, BV=args.BV, **flags,
-                **pending, **dots)
+    return dict(H=args.H, HV=args.HV, K=args.K, V=args.V, BT=max(16, bt), BD=depth_block(args.T, args.depth),
+                BK=args.BK or 64, BV=args.BV, ROW_BK=args.row_bk, PREFETCH=args.prefetch, **flags, **pending, **dots)
 
 
 def check_all():
     """Compile every config the launchers may pick for windows of 4, 15, 20 and 40 nodes (chain k = 3, (2,2,2),
-    BT = 32, (3,3,3)) at model shapes, bf16 and fp32 inputs, both precisions; print one line each; exit 1 if
+    BT = 32, (3,3,3)) at model shapes, bf16 inputs, both precisions; print one line each; exit 1 if
     any spills."""
     from types import SimpleNamespace
 
@@ -104,23 +96,18 @@ def check_all():
     from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
     from treewy.ops.tree_verify.path import CONFIGS as PATH_CONFIGS
     from treewy.ops.tree_verify.path import tree_verify_path_kernel
-    from treewy.ops.tree_verify.wy import STREAM_CONFIGS, prepare_warps, wy_prepare_kernel, wy_stream_kernel
 
-    base = dict(H=16, HV=32, K=128, V=128, BK=None, fold_rows=None, l2norm=False, bf16_state=False, depth=3)
+    base = dict(H=16, HV=32, K=128, V=128, BK=None, fold_rows=None, l2norm=False, bf16_state=False, depth=3,
+                row_bk=32, prefetch=False)
     jobs = [("chain", dict(T=4, PT=4, BV=c.kwargs["BV"], fold_rows=c.kwargs["FOLD_ROWS"], precision="tf32",
                            fp32_inputs=False), c.num_warps, c.num_stages) for c in chain_configs()]
     for T in (4, 15, 20, 40):
         BT = max(16, triton.next_power_of_2(T))
         for prec in ("tf32", "ieee"):
-            for fp32 in (False, True):
-                jobs.append(("wy_prepare", dict(T=T, PT=T, BV=16, precision=prec, fp32_inputs=fp32),
-                             prepare_warps(BT, prec), 1))
-            for bv, bk, w, st in STREAM_CONFIGS[(prec, BT)]:
-                jobs.append(("wy_stream", dict(T=T, PT=T, BV=bv, BK=bk, precision=prec, fp32_inputs=False), w, st))
-            for bv, bk, w, st in PATH_CONFIGS[(prec, BT)]:
-                jobs.append(("path", dict(T=T, PT=T, BV=bv, BK=bk, precision=prec, fp32_inputs=False), w, st))
-    fns = {"chain": tree_verify_chain_kernel.fn, "path": tree_verify_path_kernel.fn, "wy_prepare": wy_prepare_kernel,
-           "wy_stream": wy_stream_kernel.fn}
+            for bv, bk, w, st, row_bk, prefetch in PATH_CONFIGS[(prec, BT)]:
+                jobs.append(("path", dict(T=T, PT=T, BV=bv, BK=bk, row_bk=row_bk, prefetch=prefetch, precision=prec,
+                                          fp32_inputs=False), w, st))
+    fns = {"chain": tree_verify_chain_kernel.fn, "path": tree_verify_path_kernel.fn}
     bad = 0
     for name, kw, warps, stages in jobs:
         args = SimpleNamespace(**{**base, **kw, "kernel": name})
@@ -130,7 +117,8 @@ def check_all():
         bad += rep["stack"] != 0
         print(f"{name:10s} T={args.T:2d} {args.precision:4s} {'fp32' if args.fp32_inputs else 'bf16'} in  "
               f"BV={args.BV:3d} BK={args.BK or '-'!s:>3s} warps={warps} stages={stages}"
-              + (f" fold rows {args.fold_rows}" if args.fold_rows else "") + ": registers "
+              + (f" fold rows {args.fold_rows}" if args.fold_rows else "")
+              + (f" row_bk {args.row_bk}{' prefetch' if args.prefetch else ''}" if name == "path" else "") + ": registers "
               f"{rep['registers']:3d}, stack {rep['stack']}", flush=True)
     print(f"{len(jobs)} configs, {bad} with spills")
     return 1 if bad else 0
@@ -150,6 +138,8 @@ def main(argv=None):
     ap.add_argument("--warps", type=int, default=1)
     ap.add_argument("--stages", type=int, default=1)
     ap.add_argument("--depth", type=int, default=3, help="the window's depth bound (path kernel's tables)")
+    ap.add_argument("--row-bk", type=int, default=32, help="path kernel: key chunk of the coefficient dot products")
+    ap.add_argument("--prefetch", action="store_true", help="path kernel: state chunks loaded one chunk ahead")
     ap.add_argument("--fold-rows", type=int, default=None, help="pending path rows folded per pass (default: fold.FOLD_ROWS)")
     ap.add_argument("--precision", default="tf32", choices=("tf32", "ieee", "tf32_plain"))
     ap.add_argument("--fp32-inputs", action="store_true", help="fp32 q, k, v (keys not exact in tf32)")
@@ -167,13 +157,11 @@ def main(argv=None):
 
     from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
     from treewy.ops.tree_verify.path import tree_verify_path_kernel
-    from treewy.ops.tree_verify.wy import wy_prepare_kernel, wy_stream_kernel
 
-    kern = {"chain": tree_verify_chain_kernel.fn, "path": tree_verify_path_kernel.fn, "wy_prepare": wy_prepare_kernel,
-            "wy_stream": wy_stream_kernel.fn}[args.kernel]
+    kern = {"chain": tree_verify_chain_kernel.fn, "path": tree_verify_path_kernel.fn}[args.kernel]
     inputs = "*fp32" if args.fp32_inputs else "*bf16"
     pointers = {**POINTERS, "q": inputs, "k": inputs, "v": inputs, "o": inputs, "pk": inputs,
-                "h0": "*bf16" if args.bf16_state else "*fp32", "prep": "*fp32"}
+                "h0": "*bf16" if args.bf16_state else "*fp32"}
     ck = compile_sm90(kern, constexprs(args), pointers, args.warps, args.stages)
     print(report(ck))
     if args.ttgir:

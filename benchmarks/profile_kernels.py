@@ -30,10 +30,10 @@ from treewy.tree import DraftTree
 CHAIN3 = DraftTree.chain(3)
 TREE333 = DraftTree.from_widths((3, 3, 3))
 CASES = {  # name: (tree, B, kernel families)
-    "chain3 B256": (CHAIN3, 256, ("chain", "wy")),
-    "333 B256": (TREE333, 256, ("wy",)),
-    "chain3 B1": (CHAIN3, 1, ("chain", "wy")),
-    "333 B1": (TREE333, 1, ("wy",)),
+    "chain3 B256": (CHAIN3, 256, ("chain", "path")),
+    "333 B256": (TREE333, 256, ("path",)),
+    "chain3 B1": (CHAIN3, 1, ("chain", "path")),
+    "333 B1": (TREE333, 1, ("path",)),
 }
 OPS = ("FFMA", "FMUL", "FADD", "SHFL", "LDS", "STS", "LDSM", "BAR", "HMMA", "LDG", "STG", "LDL", "STL", "MUFU")
 
@@ -71,9 +71,9 @@ def time_configs(args, log):
         for name in names:
             if args.kernels and name not in args.kernels:
                 continue
-            kern = KERNEL_FNS[name][-1]  # the autotuned kernel of the family (the WY pair's stream kernel)
+            kern = KERNEL_FNS[name][-1]  # the autotuned kernel of the family
             bt = triton.next_power_of_2(BT)
-            bt = max(16, bt) if name == "wy" else bt
+            bt = max(16, bt) if name == "path" else bt
             cfgs = kern.early_config_prune(kern.configs, {"BT": bt, "K": K, "V": V, "DOT_PRECISION": "tf32"})
             for cfg in cfgs:
                 if time.time() - t0 > args.deadline:

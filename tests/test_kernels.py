@@ -382,7 +382,7 @@ def test_offline_compile_reports_registers_and_sass():
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(root), "TRITON_DEFAULT_FP_FUSION": "1"}
     tool = str(root / "benchmarks" / "compile_offline.py")
     for args, mma in ((["--kernel", "chain", "--BV", "8", "--K", "64", "--V", "64"], False),
-                      (["--kernel", "wy_stream", "--T", "4", "--BV", "32", "--BK", "32", "--warps", "4"], True)):
+                      (["--kernel", "path", "--T", "4", "--BV", "32", "--BK", "64", "--warps", "4"], True)):
         out = subprocess.run([sys.executable, tool, *args], capture_output=True, text=True, env=env, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         rep = ast.literal_eval(out.stdout.strip().splitlines()[-1])

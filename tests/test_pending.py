@@ -93,7 +93,7 @@ def test_chain_kernel_matches_the_reference(T):
     (1, 3, 12, 8, 1, True, torch.float32),
 ])
 def test_chain_kernel_folds_any_pending_tree(T, PT, K, V, gva, l2norm, state_dtype):
-    """The chain kernel against the WY pair and the fp64 flush: pending from random per-request trees
+    """The chain kernel against the path kernel and the fp64 flush: pending from random per-request trees
     (one request idle), num_nodes cutting windows short, GVA, keys normalized in the kernel, bf16 state."""
     gen = torch.Generator().manual_seed(K * V + T)
     B, H, chain = 3, 2, DraftTree.chain(T - 1)
@@ -109,7 +109,7 @@ def test_chain_kernel_folds_any_pending_tree(T, PT, K, V, gva, l2norm, state_dty
     nn = torch.tensor([T, max(T - 2, 1), 0], device=DEVICE)
     state, ref = S.clone(), S.clone()
     o, u = tree_verify(*w1, state, chain, use_qk_l2norm_in_kernel=l2norm, num_nodes=nn, pending=pend, kernel="chain")
-    ro, ru = tree_verify(*w1, ref, chain, use_qk_l2norm_in_kernel=l2norm, num_nodes=nn, pending=pend, kernel="wy")
+    ro, ru = tree_verify(*w1, ref, chain, use_qk_l2norm_in_kernel=l2norm, num_nodes=nn, pending=pend, kernel="path")
     assert rel(state, ref) < (4e-3 if state_dtype == torch.bfloat16 else 1e-6)
     assert rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5 and not o[2].any() and not u[2].any()
     flushed = naive_flush(S.double(), PendingCommit(u0.double(), w0[1].double(), w0[3].double(), prev, acc,
@@ -118,7 +118,7 @@ def test_chain_kernel_folds_any_pending_tree(T, PT, K, V, gva, l2norm, state_dty
 
 
 @pytest.mark.parametrize("kernel,trees", [("chain", [DraftTree.chain(3), DraftTree.chain(1)]),
-                                          ("wy", [DraftTree.from_widths((2, 2)), DraftTree.chain(2)])])
+                                          ("path", [DraftTree.from_widths((2, 2)), DraftTree.chain(2)])])
 def test_forced_kernels_fold_forty_steps_without_drift(kernel, trees):
     r = folded_drift(40, trees=trees, kernel=kernel, check_every=10)
     assert r["state_err"] < 1e-5 and r["out_err"] < 1e-5, r

@@ -1,4 +1,4 @@
-"""The tree-verify op folder: each stage of the WY pair against its fp64 reference, every kernel forced across
+"""The tree-verify op folder: the path kernel's two halves written densely against the closed form, every kernel forced across
 mild and hard inputs with a pending commit folded in, the kernel choice (bucketed, the same under CUDA-graph
 capture), the precision switch, and bf16 (GPU: the interpreter mishandles bf16) against the error of rounding
 the inputs alone.
@@ -19,9 +19,8 @@ from treewy.ops.tree_verify import (
     select_kernel, tree_verify_fwd,
 )
 from treewy.ops.tree_verify.chain import _configs as chain_configs
-from treewy.ops.tree_verify.reference import unpack_prep, wy_prepare_ref, wy_stream_ref
+from treewy.ops.tree_verify.reference import path_tables_ref, path_verify_ref
 from treewy.ops.tree_verify.tuning import KEY
-from treewy.ops.tree_verify.wy import wy_prepare_fwd, wy_stream_fwd
 from treewy.testing import random_tree
 from treewy.tree import DraftTree
 
@@ -69,42 +68,32 @@ def case_step(B, H, HV, K, V, prev, new, gen, hard=False, state_dtype=torch.floa
     return S, pend, w1, ref
 
 
-# ---- the WY pair, stage by stage ----
+# ---- the path kernel's math, written densely ----
 
-STAGE_CASES = [  # id, B, H, HV, K, V, parents, l2norm
+REF_CASES = [  # id, B, H, HV, K, V, parents, l2norm
     ("tree222-gva2-k20", 2, 1, 2, 20, 24, DraftTree.from_widths((2, 2, 2)).parents, False),
     ("random19-per-request-gva4-l2norm", 2, 1, 4, 16, 17, None, True),
     ("chain3-k33", 1, 2, 2, 33, 16, DraftTree.chain(3).parents, False),
 ]
 
 
-@pytest.mark.parametrize("name,B,H,HV,K,V,parents,l2norm", STAGE_CASES, ids=[c[0] for c in STAGE_CASES])
-@pytest.mark.parametrize("precision", ["ieee", "tf32"])
-def test_wy_stages_match_their_references(name, B, H, HV, K, V, parents, l2norm, precision):
-    """Prepare writes (I + M)^-1, P, beta, ck, cq as ``wy_prepare_ref``; stream turns them and the state into
-    ``wy_stream_ref``'s o and u; both together are the closed form. "tf32" runs the hi/lo split code (exact
-    under the interpreter, whose dots are fp32)."""
+@pytest.mark.parametrize("name,B,H,HV,K,V,parents,l2norm", REF_CASES, ids=[c[0] for c in REF_CASES])
+def test_path_sums_over_dense_inverse_are_the_closed_form(name, B, H, HV, K, V, parents, l2norm):
+    """The entries of (I + M)^-1 and P (I + M)^-1 along each root path, applied to gathered rows of R, give
+    ``naive_tree_verify``: nothing off the paths is needed (what the path kernel relies on)."""
     gen = torch.Generator().manual_seed(K + V)
     par = per_request(19, B, gen) if parents is None else parents.to(torch.int32)
     T = par.shape[-1]
-    q, k, v, g, beta = window(B, T, H, HV, K, V, gen)
+    q, k, v, g, beta = (x.cpu() for x in window(B, T, H, HV, K, V, gen))
     if l2norm:
         q, k = q * 3, k * 2
-    S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(DEVICE)
-    scale = K ** -0.5
-    pd = par.to(DEVICE)
-    prep = wy_prepare_fwd(q, k, g, beta, pd, 0 if pd.ndim == 1 else T, None, scale, l2norm, precision)
-    got, ref = unpack_prep(prep, B, HV, T), wy_prepare_ref(q, k, g, beta, par, scale, l2norm)
-    for name_, x, r in zip(("Minv", "P", "beta", "ck", "cq"), got, ref):
-        assert rel(x, r) < 1e-6, name_
-    o, u = wy_stream_fwd(q, k, v, S, None, prep, None, l2norm, torch.empty_like(v),
-                         torch.empty(v.shape, device=v.device), precision)
-    ro, ru = wy_stream_ref(q, k, v, S, *ref)
-    assert rel(o, ro) < 1e-6 and rel(u, ru) < 1e-6
+    S = torch.randn(B, HV, V, K, generator=gen) * 0.3
+    ro, ru = path_verify_ref(q, k, v, S, *path_tables_ref(q, k, g, beta, par, K ** -0.5, l2norm))
     if l2norm:
         q, k = F.normalize(q.double(), dim=-1), F.normalize(k.double(), dim=-1)
-    no, nu = naive_tree_verify(q.double(), k.double(), v.double(), g.double(), beta.double(), S.double(), par, scale)
-    assert rel(ro, no) < 1e-6 and rel(ru, nu) < 1e-6
+    no, nu = naive_tree_verify(q.double(), k.double(), v.double(), g.double(), beta.double(), S.double(), par)
+    tol = 1e-6 if l2norm else 1e-12   # the kernels normalize with 1 / sqrt(|x|^2 + 1e-6)
+    assert rel(ro, no) < tol and rel(ru, nu) < tol
 
 
 # ---- every kernel forced, pending folded in, mild and hard inputs ----
@@ -112,9 +101,10 @@ def test_wy_stages_match_their_references(name, B, H, HV, K, V, parents, l2norm,
 FORCED = [  # id, kernel, B, H, HV, K, V, previous window, new window
     ("chain-chain3-after-tree", "chain", 3, 1, 2, 20, 24, "per-request-9", DraftTree.chain(3).parents),
     ("chain-decode-after-chain", "chain", 2, 2, 4, 16, 13, DraftTree.chain(2).parents, DraftTree.chain(0).parents),
-    ("wy-tree332-after-chain", "wy", 2, 1, 2, 24, 17, DraftTree.chain(1).parents, DraftTree.from_widths((3, 3, 2)).parents),
-    ("wy-per-request-after-tree", "wy", 3, 2, 4, 16, 20, DraftTree.from_widths((2, 2)).parents, "per-request-6"),
-    ("wy-chain3", "wy", 2, 1, 1, 32, 16, DraftTree.chain(3).parents, DraftTree.chain(3).parents),
+    ("path-tree332-after-chain", "path", 2, 1, 2, 24, 17, DraftTree.chain(1).parents,
+     DraftTree.from_widths((3, 3, 2)).parents),
+    ("path-per-request-after-tree-k16", "path", 3, 2, 4, 16, 20, DraftTree.from_widths((2, 2)).parents, "per-request-6"),
+    ("path-chain3", "path", 2, 1, 1, 32, 16, DraftTree.chain(3).parents, DraftTree.chain(3).parents),
     ("path-tree333-after-tree", "path", 2, 1, 2, 20, 12, DraftTree.from_widths((2, 2)).parents,
      DraftTree.from_widths((3, 3, 3)).parents),
     ("path-star5-after-chain", "path", 2, 2, 4, 16, 13, DraftTree.chain(3).parents, DraftTree.from_widths((5,)).parents),
@@ -168,7 +158,7 @@ def test_every_kernel_honours_num_nodes_and_bf16_state(kernel):
     S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(DEVICE, torch.bfloat16)
     w0, w1 = window(B, 5, H, HV, K, V, gen), window(B, 5, H, HV, K, V, gen)
     w0[1], w1[1], w1[0] = w0[1] * 3, w1[1] * 2, w1[0] * 5
-    _, u0 = tree_verify(*w0, S.clone(), chain, use_qk_l2norm_in_kernel=True, kernel="wy")
+    _, u0 = tree_verify(*w0, S.clone(), chain, use_qk_l2norm_in_kernel=True, kernel="path")
     acc = torch.tensor([4, 2, 1], dtype=torch.int32, device=DEVICE)
     pend = PendingCommit(u0, w0[1], w0[3], chain, acc, use_qk_l2norm_in_kernel=True)
     nn = torch.tensor([5, 2, 0], dtype=torch.int32, device=DEVICE)
@@ -208,7 +198,7 @@ def test_capture_picks_what_eager_picks(monkeypatch):
     is being captured, so the captured step runs the eager step's kernel (a captured chain once ran the fma
     kernel because chain detection was skipped during capture)."""
     launched = []
-    for fam in ("chain_fwd", "path_fwd", "wy_fwd"):
+    for fam in ("chain_fwd", "path_fwd"):
         real = getattr(verify_mod, fam)
         monkeypatch.setattr(verify_mod, fam, lambda *a, _r=real, _n=fam, **kw: (launched.append(_n), _r(*a, **kw))[1])
     gen = torch.Generator().manual_seed(2)
@@ -258,19 +248,21 @@ def test_rejects_bad_kernel_precision_and_chain_flags():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel,widths", [("chain", (1, 1, 1)), ("path", (1, 1, 1)), ("path", (2, 2, 2)),
-                                           ("path", (3, 3, 3)), ("wy", (3, 3, 3))], ids=str)
+                                           ("path", (3, 3, 3))], ids=str)
 @pytest.mark.parametrize("precision", ["tf32", "ieee"])
 def test_model_shapes_bf16_within_twice_the_input_rounding_error(kernel, widths, precision):
     """bf16 q, k, v: the kernel's error against the fp64 reference on the fp32 inputs stays within twice the
-    error that rounding the inputs to bf16 alone causes (the fp64 reference run on the rounded inputs); fp32
-    inputs stay within 1e-5 (tf32 products split where they feed u and the state, or exact fp32)."""
+    error that rounding the inputs to bf16 alone causes (the fp64 reference run on the rounded inputs); with fp32
+    inputs u and the state stay within 1e-5 (tf32 products split where they feed them, or exact fp32), the
+    outputs within 3e-3 where Q S^T takes one tf32 pass (measured 7.0e-4 on the H200)."""
     tree = DraftTree.from_widths(widths)
     B, H, HV, K, V = 4, 16, 32, 128, 128
     gen = torch.Generator().manual_seed(5)
     S, pend, w1, (ro, ru, rS) = case_step(B, H, HV, K, V, tree.parents, tree.parents, gen)
     state = S.clone()
     o, u = tree_verify(*w1, state, tree, pending=pend, kernel=kernel, dot_precision=precision)
-    assert rel(state, rS) < 1e-6 and rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5
+    o_tol = 3e-3 if kernel == "path" and precision == "tf32" else 1e-5   # Q S^T in one tf32 pass (bf16 outputs)
+    assert rel(state, rS) < 1e-6 and rel(o, ro) < o_tol and rel(u, ru) < 1e-5
     bf = [x.bfloat16() for x in w1[:3]] + w1[3:]
     rounded = naive_tree_verify(*[x.double() for x in bf], rS, tree)
     o16, u16 = tree_verify(*bf, rS.float(), tree, kernel=kernel, dot_precision=precision)
@@ -287,7 +279,7 @@ def test_captured_step_runs_the_eager_kernel_and_results(widths, B, monkeypatch)
     T, H, HV, K, V = tree.num_nodes, 16, 32, 128, 128
     gen = torch.Generator().manual_seed(1)
     launched = []
-    for fam in ("chain_fwd", "path_fwd", "wy_fwd"):
+    for fam in ("chain_fwd", "path_fwd"):
         real = getattr(verify_mod, fam)
         monkeypatch.setattr(verify_mod, fam, lambda *a, _r=real, _n=fam, **kw: (launched.append(_n), _r(*a, **kw))[1])
     par = tree.parents.to("cuda", torch.int32)
@@ -343,22 +335,6 @@ def test_forced_exact_fp32_path(monkeypatch):
     assert rel(state, rS) < 1e-6 and rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5
 
 
-def test_stream_configs_are_picked_by_precision_and_window():
-    """The autotuner of the stream kernel only tries the configs listed for the launch's precision and padded
-    window (each checked for spills offline), never wider than V."""
-    import triton
-
-    from treewy.ops.tree_verify.wy import STREAM_CONFIGS, _config_key, _prune_stream
-
-    shapes = sorted({c for cs in STREAM_CONFIGS.values() for c in cs})
-    configs = [triton.Config({"BV": bv, "BK": bk}, num_warps=w, num_stages=s) for bv, bk, w, s in shapes]
-    for (prec, BT), want in STREAM_CONFIGS.items():
-        got = _prune_stream(configs, {"BT": BT, "V": 128, "DOT_PRECISION": prec})
-        assert sorted(_config_key(c) for c in got) == sorted(want)
-    narrow = _prune_stream(configs, {"BT": 16, "V": 20, "DOT_PRECISION": "tf32"})
-    assert narrow and all(c.kwargs["BV"] <= 32 for c in narrow)
-
-
 def test_bench_kernels_runs_end_to_end_in_smoke_mode(tmp_path):
     """benchmarks/bench_kernels.py --smoke: every section on tiny shapes under the interpreter, its table written
     with device and date, timing bars marked as reports, fla skipped with a note."""
@@ -389,7 +365,7 @@ def test_bench_kernels_runs_end_to_end_in_smoke_mode(tmp_path):
     assert (tmp_path / path.name.replace(".json", ".txt")).read_text().startswith("CPU (Triton interpreter")
 
 
-@pytest.mark.parametrize("kernel,T", [("chain", 4), ("path", 7), ("wy", 7)])
+@pytest.mark.parametrize("kernel,T", [("chain", 4), ("path", 7)])
 def test_state_indices_read_and_write_pool_slots(kernel, T):
     """A serving engine's pool: request b's state and pending stash live in slot state_indices[b] of pools whose
     slot stride is not the row size. The result equals gathering those slots, running the plain call and

@@ -7,15 +7,16 @@ import pytest
 import torch
 
 from treewy.ops import PendingCommit, naive_tree_step
-from treewy.ops.tree_verify import tree_verify, tree_verify_fwd
+from treewy.ops.tree_verify import default_dot_precision, tree_verify, tree_verify_fwd
 from treewy.ops.tree_verify import verify as verify_mod
-from treewy.ops.tree_verify.path import CONFIGS, _config_key, _prune, depth_block
+from treewy.ops.tree_verify.path import CONFIGS, _config_key, _prune, config, depth_block
 from treewy.testing import random_tree
 from treewy.tree import DraftTree, path_depth
 
-import triton  # noqa: E402,I001  (after treewy.ops, which starts the Triton interpreter on a CPU machine)
-
 from test_tree_verify import DEVICE, case_step, rel, window  # noqa: E402
+
+#: Outputs take one tf32 pass on a GPU (they feed only bf16 outputs); u and the state stay fp32-accurate.
+O_TOL = 3e-3 if default_dot_precision(DEVICE) == "tf32" else 1e-5
 
 
 def test_depth_block_holds_the_deepest_path():
@@ -25,10 +26,10 @@ def test_depth_block_holds_the_deepest_path():
 
 
 @pytest.mark.parametrize("widths", [(1,), (4,), (2, 2, 2), (3, 3, 3), (1, 1, 1, 1, 1, 1, 1)], ids=str)
-@pytest.mark.parametrize("bound", ["exact", "loose"])
+@pytest.mark.parametrize("bound", ["exact", "loose", "no-prefetch"])
 def test_path_kernel_matches_the_reference(widths, bound):
-    """Stars, (2,2,2), (3,3,3) and a deep chain, with the exact depth or the always-safe bound T - 1, a
-    pending commit from a random tree folded in first."""
+    """Stars, (2,2,2), (3,3,3) and a deep chain, with the exact depth or the always-safe bound T - 1, with the
+    state loads one chunk ahead or not, a pending commit from a random tree folded in first."""
     tree = DraftTree.from_widths(widths)
     gen = torch.Generator().manual_seed(len(widths) * 7 + sum(widths))
     B, H, HV, K, V = 2, 2, 4, 20, 12
@@ -36,8 +37,9 @@ def test_path_kernel_matches_the_reference(widths, bound):
     S, pend, w1, (ro, ru, rS) = case_step(B, H, HV, K, V, prev, tree.parents, gen)
     state = S.clone()
     o, u = tree_verify_fwd(*w1, state, tree.parents.to(DEVICE, torch.int32), 0, K ** -0.5, pending=pend,
-                           kernel="path", max_depth=tree.max_depth if bound == "exact" else None)
-    assert rel(state, rS) < 1e-6 and rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5
+                           kernel="path", max_depth=None if bound == "loose" else tree.max_depth,
+                           config=config(16, 16, 4, 1, 16, False) if bound == "no-prefetch" else None)
+    assert rel(state, rS) < 1e-6 and rel(o, ro) < O_TOL and rel(u, ru) < 1e-5
 
 
 def test_path_kernel_random_trees_per_request_with_num_nodes():
@@ -57,7 +59,7 @@ def test_path_kernel_random_trees_per_request_with_num_nodes():
             qn, kn = (torch.nn.functional.normalize(x[b:b + 1, :n].double(), dim=-1) for x in (q, k))
             ro, ru, _ = naive_tree_step(qn, kn, *[x[b:b + 1, :n].double() for x in (v, g, beta)],
                                         S[b:b + 1].double(), par[b, :n])
-            assert rel(o[b:b + 1, :n], ro) < 1e-5 and rel(u[b:b + 1, :n], ru) < 1e-5
+            assert rel(o[b:b + 1, :n], ro) < O_TOL and rel(u[b:b + 1, :n], ru) < 1e-5
 
 
 def test_a_depth_bound_that_does_not_hold_gives_nan_not_wrong_numbers():
@@ -100,8 +102,7 @@ def test_inside_capture_device_parents_need_max_depth(monkeypatch):
 
 
 def test_configs_are_picked_by_window():
-    shapes = sorted({c for cs in CONFIGS.values() for c in cs})
-    configs = [triton.Config({"BV": bv, "BK": bk}, num_warps=w, num_stages=s) for bv, bk, w, s in shapes]
+    configs = [config(*c) for c in sorted({c for cs in CONFIGS.values() for c in cs})]
     for (prec, BT), want in CONFIGS.items():
         got = _prune(configs, {"BT": BT, "V": 128, "DOT_PRECISION": prec})
         assert sorted(_config_key(c) for c in got) == sorted(want)
@@ -127,4 +128,4 @@ def test_pending_path_rows_then_tree_in_a_state_pool():
                                                        acc.cpu()))
     o, u = tree_verify_fwd(q, k, v, g, beta, pool, par, 0, K ** -0.5, pending=PendingCommit(*stash, par, acc),
                            kernel="path", max_depth=tree.max_depth, state_indices=slots)
-    assert rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5 and rel(pool[slots.long()], rS) < 1e-6
+    assert rel(o, ro) < O_TOL and rel(u, ru) < 1e-5 and rel(pool[slots.long()], rS) < 1e-6

@@ -11,8 +11,7 @@ Providers:
 ``min_bytes`` is the traffic a step must move: the state read once and written once, the window's
 inputs read, o and u written, and for TreeWY the pending path's u and k read. ``gbps`` is that over
 the measured time; ``roofline_us`` is that traffic at the copy bandwidth measured on an H200
-(4.27 TB/s, read + write). ``kernel_bytes`` adds what a kernel family moves beyond it (the WY pair's
-prepare output, written once and read once).
+(4.27 TB/s, read + write). ``kernel_bytes`` is what a kernel family moves (today ``min_bytes`` for each).
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from treewy.ops.pending import PendingCommit
 from treewy.ops.store_all import store_all_verify_fwd
 from treewy.ops.tree_commit import tree_commit_fwd
 from treewy.ops.tree_verify import tree_verify_fwd
-from treewy.ops.tree_verify.wy import prep_size
 from treewy.paper import SHAPES
 from treewy.tree import DraftTree
 
@@ -85,10 +83,10 @@ def min_bytes(provider, tree, B, H, HV, K, V, sb):
 
 
 def kernel_bytes(kernel, tree, B, H, HV, K, V, sb):
-    """The traffic of a TreeWY step run by ``kernel``: ``min_bytes`` plus, for the WY pair, the prepare
-    kernel's output (2 T^2 + 3 T floats per request and head) written once and read once."""
-    extra = 2 * B * HV * prep_size(tree.num_nodes) * 4 if kernel == "wy" else 0
-    return min_bytes("treewy", tree, B, H, HV, K, V, sb) + extra
+    """The traffic of a TreeWY step run by ``kernel``: ``min_bytes`` (every family now moves nothing beyond it;
+    the WY pair, removed, also wrote and read back 2 T^2 + 3 T floats per request and head)."""
+    del kernel
+    return min_bytes("treewy", tree, B, H, HV, K, V, sb)
 
 
 def bench(fn):

@@ -47,21 +47,25 @@ from treewy.ops.tree_verify.tuning import AUTOTUNE_EXTRA, KEY_DOTS, batch_bucket
 #: loop over them at run time).
 UNROLL_DEPTH = tl.constexpr(8)
 
-#: Key chunk of those dot products.
-ROW_BK = tl.constexpr(32)
-
-#: (BV, BK, warps, stages) the kernel is tuned over, per precision and padded window BT: each compiles for
-#: sm_90 without spills with Triton 3.6 at depth 3 (benchmarks/compile_offline.py --all), except BT = 128.
-#: One stage from BT = 64 on, as for the WY stream kernel (two-stage configs gave wrong outputs there).
+#: (BV, BK, warps, stages, ROW_BK, PREFETCH) the kernel is tuned over, per precision and padded window BT: ROW_BK
+#: is the key chunk of the coefficient tables' dot products (wider: fewer round trips, more registers), PREFETCH
+#: issues each state chunk's load before the work on the one before (the first before the tree walk). Each
+#: compiles for sm_90 without spills with Triton 3.6 at depth 3 (benchmarks/compile_offline.py --all), except
+#: BT = 128. One stage from BT = 64 on, as for the WY stream kernel (two-stage configs gave wrong outputs there).
 CONFIGS = {
-    ("tf32", 16): ((32, 64, 4, 2), (64, 32, 4, 1), (16, 64, 4, 2), (64, 64, 4, 2)),
-    ("tf32", 32): ((32, 64, 4, 2), (64, 32, 4, 1), (16, 32, 4, 1)),
-    ("tf32", 64): ((32, 32, 4, 1), (16, 32, 4, 1), (64, 32, 8, 1), (32, 64, 4, 1)),
-    ("tf32", 128): ((16, 32, 8, 1), (16, 16, 8, 1)),
-    ("ieee", 16): ((32, 32, 4, 1), (16, 64, 4, 2)),
-    ("ieee", 32): ((32, 32, 4, 1), (16, 64, 4, 2)),
-    ("ieee", 64): ((16, 32, 4, 1), (32, 32, 4, 1)),
-    ("ieee", 128): ((16, 16, 8, 1),),
+    ("tf32", 16): ((32, 64, 4, 2, 32, False), (64, 32, 4, 1, 32, False), (32, 64, 4, 1, 128, True),
+                   (32, 128, 4, 1, 128, True), (32, 64, 4, 1, 32, True), (64, 32, 4, 1, 32, True),
+                   (128, 32, 8, 1, 32, False), (128, 32, 4, 1, 32, False)),
+    ("tf32", 32): ((32, 64, 4, 2, 32, False), (64, 32, 4, 1, 32, False), (16, 32, 4, 1, 32, False),
+                   (32, 64, 4, 1, 64, True), (128, 32, 8, 1, 32, False)),
+    ("tf32", 64): ((32, 32, 4, 1, 32, False), (16, 32, 4, 1, 32, False), (64, 32, 8, 1, 32, False),
+                   (32, 64, 4, 1, 32, False), (32, 32, 4, 1, 32, True), (16, 32, 4, 1, 32, True),
+                   (128, 32, 8, 1, 32, False), (64, 16, 4, 1, 32, False)),
+    ("tf32", 128): ((16, 32, 8, 1, 16, False), (16, 16, 8, 1, 16, False)),
+    ("ieee", 16): ((32, 32, 4, 1, 32, False), (16, 64, 4, 2, 32, False)),
+    ("ieee", 32): ((32, 32, 4, 1, 32, False), (16, 64, 4, 2, 32, False)),
+    ("ieee", 64): ((16, 32, 4, 1, 32, False), (32, 32, 4, 1, 32, False)),
+    ("ieee", 128): ((16, 16, 8, 1, 16, False),),
 }
 
 
@@ -72,15 +76,20 @@ def depth_block(T: int, max_depth: int | None) -> int:
     return triton.next_power_of_2(max(d + 1, 2))
 
 
+def config(bv, bk, warps, stages, row_bk, prefetch):
+    """A ``triton.Config`` of the kernel from a CONFIGS entry."""
+    return triton.Config({"BV": bv, "BK": bk, "ROW_BK": row_bk, "PREFETCH": prefetch}, num_warps=warps,
+                         num_stages=stages)
+
+
 def _configs():
-    if INTERPRET:
-        return [triton.Config({"BV": 16, "BK": 16}, num_warps=4)]
-    shapes = sorted({cfg for cfgs in CONFIGS.values() for cfg in cfgs})
-    return [triton.Config({"BV": bv, "BK": bk}, num_warps=w, num_stages=s) for bv, bk, w, s in shapes]
+    if INTERPRET:  # one config (no timing under the interpreter); tests pass the other load order as config=
+        return [config(16, 16, 4, 1, 16, True)]
+    return [config(*c) for c in sorted({c for cs in CONFIGS.values() for c in cs})]
 
 
 def _config_key(c):
-    return c.kwargs["BV"], c.kwargs["BK"], c.num_warps, c.num_stages
+    return (c.kwargs["BV"], c.kwargs["BK"], c.num_warps, c.num_stages, c.kwargs["ROW_BK"], c.kwargs["PREFETCH"])
 
 
 def _prune(configs, named_args, **kwargs):
@@ -182,7 +191,8 @@ def tree_verify_path_kernel(
     q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc, state_idx,
     stride_hb, stride_pb, stride_ppb, stride_pu, stride_pk, stride_pg, scale, T, PT, B_BUCKET,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr, ROW_BK: tl.constexpr, PREFETCH: tl.constexpr,
+    USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
     HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr, PENDING_L2NORM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, K_TF32: tl.constexpr, FOLD_ROWS: tl.constexpr,
     HAS_STATE_INDICES: tl.constexpr,
@@ -194,6 +204,12 @@ def tree_verify_path_kernel(
     o_d = tl.arange(0, BD)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
+    # PREFETCH: the first state chunk's load goes out before anything that waits on memory, each later one
+    # while the chunk before is folded and multiplied
+    p_h = h0 + i_hv * V * K + o_v[None, :] * K
+    if PREFETCH:
+        o_k0 = tl.arange(0, BK)
+        b_h_next = tl.load(p_h + o_k0[:, None], mask=(o_k0 < K)[:, None] & m_v[None, :], other=0)
     n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
     m_t = o_t < n_b
     b_anc, b_G, b_beta, n_depth = _walk(parents, g, beta, i_b64, i_hv, m_t, stride_pb, T, HV, BT, BD)
@@ -232,14 +248,17 @@ def tree_verify_path_kernel(
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        p_h = h0 + i_hv * V * K + o_k[:, None] + o_v[None, :] * K
         m_h = m_k[:, None] & m_v[None, :]
-        b_h = tl.load(p_h, mask=m_h, other=0).to(tl.float32)  # [BK, BV]: S^T
+        if PREFETCH:
+            b_h = b_h_next.to(tl.float32)  # [BK, BV]: S^T
+            b_h_next = tl.load(p_h + (o_k + BK)[:, None], mask=(o_k + BK < K)[:, None] & m_v[None, :], other=0)
+        else:
+            b_h = tl.load(p_h + o_k[:, None], mask=m_h, other=0).to(tl.float32)
         if HAS_PENDING:
             b_h = _fold_tile(b_h, 0, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, o_p, rank, n_path, b_C, b_w, PT,
-                             H, HV, K, V, FOLD_ROWS, True).to(p_h.dtype.element_ty)
+                             H, HV, K, V, FOLD_ROWS, True).to(h0.dtype.element_ty)
             if a >= 0:
-                tl.store(p_h, b_h, mask=m_h)
+                tl.store(p_h + o_k[:, None], b_h, mask=m_h)
             b_h = b_h.to(tl.float32)  # verify from exactly the state that is stored
         m_tk = m_t[:, None] & m_k[None, :]
         b_k = tl.load(k + p_qk[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)

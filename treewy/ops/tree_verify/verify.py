@@ -1,7 +1,7 @@
 """TreeWY tree verify: every node's output and pseudo-value, no per-node state, with the previous step's
 commit optionally folded in (``pending``): launcher (``tree_verify_fwd``) and public function (``tree_verify``).
 
-Status: the kernel families' headers (``chain.py``, ``wy.py``). Per step and head one state read and one
+Status: the kernel families' headers (``chain.py``, ``path.py``). Per step and head one state read and one
 state write; at most two launches; no host sync and no host-side branching on device data, so a step
 captures into a CUDA graph and replays what an eager call runs.
 """
@@ -17,12 +17,10 @@ from treewy.ops.tree_verify.common import MAX_KERNEL_NODES
 from treewy.ops.tree_verify.path import path_fwd, tree_verify_path_kernel
 from treewy.ops.tree_verify.select import KERNELS, select_kernel
 from treewy.ops.tree_verify.tuning import check_dot_precision
-from treewy.ops.tree_verify.wy import wy_fwd, wy_prepare_kernel, wy_stream_kernel
 from treewy.tree import DraftTree
 
 #: The kernels behind each family name (launch order), for profilers and the offline compiler.
-KERNEL_FNS = {"chain": (tree_verify_chain_kernel,), "path": (tree_verify_path_kernel,),
-              "wy": (wy_prepare_kernel, wy_stream_kernel)}
+KERNEL_FNS = {"chain": (tree_verify_chain_kernel,), "path": (tree_verify_path_kernel,)}
 
 
 def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, use_qk_l2norm_in_kernel=False,
@@ -33,10 +31,10 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     ``pending``: a PendingCommit whose parents and accepted are int32 device tensors (validated), or None;
     ``initial_state`` is then updated in place. ``chain``: the window is a chain (parents[t] = t - 1, not
     checked here); with ``kernel`` None the family is ``select_kernel(T, B, chain)``. ``kernel``: "chain",
-    "path" or "wy" to force one. ``max_depth``: a bound on every request's tree depth (sizes the path kernel's
+    "path" to force one. ``max_depth``: a bound on every request's tree depth (sizes the path kernel's
     tables; None: T - 1, always enough; a window deeper than the bound gets NaN outputs, never wrong ones). ``dot_precision``: None (the device default, see tuning.default_dot_precision),
-    "tf32", "ieee" or "tf32_plain". ``config``: a ``triton.Config`` of the tuned kernel (the stream kernel
-    for "wy") to launch instead of the autotuned one. ``state_indices``: None (request b's state is
+    "tf32", "ieee" or "tf32_plain". ``config``: a ``triton.Config`` of the tuned kernel to launch instead of
+    the autotuned one. ``state_indices``: None (request b's state is
     ``initial_state[b]``, its pending u / k / g row b) or int32 [B] on the device: ``initial_state`` and the
     pending u / k / g are pools of slots (any slot stride, each slot contiguous) and request b's live in
     slot ``state_indices[b]`` (a serving engine's state pool; distinct slots).
@@ -50,13 +48,9 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     if kernel == "chain":
         return chain_fwd(q, k, v, g, beta, initial_state, num_nodes, pending, scale, use_qk_l2norm_in_kernel, o, u,
                          config=config, state_indices=state_indices)
-    if kernel == "path":
-        return path_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, num_nodes, pending, scale,
-                        use_qk_l2norm_in_kernel, o, u, check_dot_precision(dot_precision, v.device),
-                        max_depth=T - 1 if chain else max_depth, config=config, state_indices=state_indices)
-    return wy_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, num_nodes, pending, scale,
-                  use_qk_l2norm_in_kernel, o, u, check_dot_precision(dot_precision, v.device), config=config,
-                  state_indices=state_indices)
+    return path_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, num_nodes, pending, scale,
+                    use_qk_l2norm_in_kernel, o, u, check_dot_precision(dot_precision, v.device),
+                    max_depth=T - 1 if chain else max_depth, config=config, state_indices=state_indices)
 
 
 def _window_depth(parents, par: torch.Tensor, capturing: bool) -> int | None:
@@ -94,7 +88,7 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     left as they are), then the window is verified from it. The next step's pending commit is
     ``PendingCommit(u, k, g, parents, accepted)`` of this window.
 
-    kernel: None (``select_kernel``), "chain" (chains only), "path" or "wy". chain: None finds it from
+    kernel: None (``select_kernel``), "chain" (chains only) or "path" (any tree). chain: None finds it from
     ``parents`` (host data, or the device tensor outside capture); inside a CUDA-graph capture pass it
     (True / False) so the capture picks the kernel an eager call picks. max_depth: None finds the windows'
     depth the same way; inside such a capture pass it too (a bound that does not hold gives NaN outputs, never
