@@ -118,7 +118,8 @@ def check_all():
         print(f"{name:10s} T={args.T:2d} {args.precision:4s} {'fp32' if args.fp32_inputs else 'bf16'} in  "
               f"BV={args.BV:3d} BK={args.BK or '-'!s:>3s} warps={warps} stages={stages}"
               + (f" fold rows {args.fold_rows}" if args.fold_rows else "")
-              + (f" row_bk {args.row_bk}{' prefetch' if args.prefetch else ''}" if name == "path" else "") + ": registers "
+              + (f" row_bk {args.row_bk}{' prefetch' if args.prefetch else ''}" if name == "path" else "")
+              + ": registers "
               f"{rep['registers']:3d}, stack {rep['stack']}", flush=True)
     print(f"{len(jobs)} configs, {bad} with spills")
     return 1 if bad else 0

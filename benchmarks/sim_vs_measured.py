@@ -8,7 +8,8 @@ and max_num_seqs with acceptance fixed at the measured one (dummy weights accept
 (``treewy.sim.sweep.simulate_measured_point``), first with the assumed fixed costs (``ServerConfig``'s defaults), then fits
 ``measured TPOT - simulated TPOT = a + b x running requests`` by least squares over the points whose wave ran at
 once (decode steps only), then the extra cost of a step run without CUDA graphs (``eager_step_s``) over the
-other points, and simulates again with host_overhead_s += a, host_per_request_s = b and that eager cost. Prints and writes one table: measured, assumed, fitted.
+other points, and simulates again with host_overhead_s += a, host_per_request_s = b and that eager cost. Prints and
+writes one table: measured, assumed, fitted.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def main(argv=None) -> int:
     running = np.array([rows[i]["peak_running"] for i in fit], dtype=float)
     (a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(y), running], 1), y, rcond=None)
     graphs = dataclasses.replace(assumed, host_overhead_s=assumed.host_overhead_s + a * 1e-3,
-                                 host_per_request_s=b * 1e-3, graph_max_tokens=GRAPH_MAX_TOKENS, graphs_decode_only=True)
+                                 host_per_request_s=b * 1e-3, graph_max_tokens=GRAPH_MAX_TOKENS,
+                                 graphs_decode_only=True)
     queued = [r for i, r in enumerate(rows) if i not in fit]
     eager = fit_eager_step(queued, args.gpu, graphs) if queued else 0.0
     fitted = dataclasses.replace(graphs, eager_step_s=eager)
@@ -96,7 +98,8 @@ def main(argv=None) -> int:
              f"then, with steps of more than {GRAPH_MAX_TOKENS} tokens or with a prefill chunk run eagerly (the "
              "servers' max_cudagraph_capture_size and FULL_DECODE_ONLY graphs), the eager step's extra cost fitted "
              f"over the {len(queued)} other points (least squares on log TPOT): eager_step_s {eager:.2e}", "",
-             "columns: measured / simulated with assumed fixed costs / simulated with fitted fixed costs; * = in the fit",
+             "columns: measured / simulated with assumed fixed costs / simulated with fitted fixed costs; "
+             "* = in the fit",
              "",
              f"{'workload':18s} {'mode':11s} {'conc':>4s} | {'running':>14s} | {'KV usage':>17s} | {'TPOT ms':>17s} | "
              f"{'output tok/s':>20s} | {'p99 TTFT ms':>23s}"]

@@ -1,4 +1,4 @@
-"""The tree-verify op folder: the path kernel's two halves written densely against the closed form, every kernel forced across
+"""The tree-verify op folder: the path kernel's math written densely against the closed form, every kernel forced across
 mild and hard inputs with a pending commit folded in, the kernel choice (bucketed, the same under CUDA-graph
 capture), the precision switch, and bf16 (GPU: the interpreter mishandles bf16) against the error of rounding
 the inputs alone.
@@ -103,11 +103,12 @@ FORCED = [  # id, kernel, B, H, HV, K, V, previous window, new window
     ("chain-decode-after-chain", "chain", 2, 2, 4, 16, 13, DraftTree.chain(2).parents, DraftTree.chain(0).parents),
     ("path-tree332-after-chain", "path", 2, 1, 2, 24, 17, DraftTree.chain(1).parents,
      DraftTree.from_widths((3, 3, 2)).parents),
-    ("path-per-request-after-tree-k16", "path", 3, 2, 4, 16, 20, DraftTree.from_widths((2, 2)).parents, "per-request-6"),
+    ("path-per-request-after-tree", "path", 3, 2, 4, 16, 20, DraftTree.from_widths((2, 2)).parents, "per-request-6"),
     ("path-chain3", "path", 2, 1, 1, 32, 16, DraftTree.chain(3).parents, DraftTree.chain(3).parents),
     ("path-tree333-after-tree", "path", 2, 1, 2, 20, 12, DraftTree.from_widths((2, 2)).parents,
      DraftTree.from_widths((3, 3, 3)).parents),
-    ("path-star5-after-chain", "path", 2, 2, 4, 16, 13, DraftTree.chain(3).parents, DraftTree.from_widths((5,)).parents),
+    ("path-star5-after-chain", "path", 2, 2, 4, 16, 13, DraftTree.chain(3).parents,
+     DraftTree.from_widths((5,)).parents),
     ("path-per-request-after-tree", "path", 3, 2, 4, 24, 20, "per-request-9", "per-request-19"),
     ("path-chain6-k33", "path", 2, 1, 1, 33, 16, DraftTree.chain(2).parents, DraftTree.chain(6).parents),
 ]

@@ -44,3 +44,19 @@ def test_capacity_lines_are_read_from_vllms_log():
            "INFO [kv_cache_utils.py:2178] Maximum concurrency for 8,192 tokens per request: 126.65x\n")
     assert _script().kv_capacity(log) == {"kv_cache_tokens": 1037516, "max_concurrency_at_len": 8192,
                                           "max_concurrency": 126.65, "available_kv_gib": 56.99}
+
+
+def test_sweep_resumes_a_checkpoint_and_reruns_failed_points_when_asked(tmp_path, monkeypatch):
+    """``sweep --retry-failed`` resumes the checkpoint in --out and reruns its failed points (how the 35B
+    concurrency 256 points were measured after their first run failed); without the flag they are kept."""
+    import treewy.serve.export as export
+
+    mod = _script()
+    seen = []
+    monkeypatch.setattr(export, "export_dummy", lambda *a, **k: str(tmp_path / "model"))
+    monkeypatch.setattr(mod, "run_sweep", lambda cfg, out: (seen.append(cfg), (0, 0))[1])
+    for flags in ([], ["--retry-failed"]):
+        assert mod.main(["sweep", "--mode", "reconstruct", "--out", str(tmp_path), "--port", "8022", *flags]) == 0
+    assert [c.retry_failed for c in seen] == [False, True]
+    assert seen[1].checkpoint == seen[0].checkpoint and seen[1].checkpoint.parent == tmp_path
+    assert seen[1].server.port == 8022 and seen[1].concurrencies == [1, 16, 32, 64, 128, 256]

@@ -16,7 +16,7 @@ import torch
 @dataclass(frozen=True)
 class Ops:
     name: str
-    tree_step: object         # (q, k, v, g, beta, state, parents, pending, max_depth) -> (o, u); pending applied in place
+    tree_step: object         # (q, k, v, g, beta, state, parents, pending, max_depth) -> (o, u); pending applied
     flush: object             # (state, pending) -> state, the pending commit applied in place
     store_all_verify: object  # (q, k, v, g, beta, S0, parents) -> (o, states [B, T, HV, V, K])
     tree_conv1d: object       # (x, weight, conv_state, parents, bias, activation) -> y

@@ -13,12 +13,13 @@ writes the comparison to ``benchmarks/results/sim_vs_measured_qwen3.5-35b-a3b_h2
   host_per_request_s 0 -> 0.113 ms (this server runs the model without torch.compile);
 - then on the 8 points that queued: a step with a prefill chunk, or with more than 512 tokens (TreeWY at 256
   concurrent requests runs 137-147 of them, 4 tokens each), runs without CUDA graphs and costs 86.1 ms on top.
-  That is why TreeWY's TPOT more than doubled past 128 requests (46 -> 117 ms), which the simulator with graphs everywhere
-  did not: a server that admits more requests needs a larger max_cudagraph_capture_size.
+  That is why TreeWY's TPOT more than doubled past 128 requests (46 -> 117 ms), which the simulator with
+  graphs everywhere did not: a server that admits more requests needs a larger max_cudagraph_capture_size.
 
-The memory side needed no change: the pool and the admitted requests matched vLLM's at every point once
-max_num_seqs matched (store-all at most 46-48 running, TreeWY 128 of 128, then 147 and 137 of 256). Not captured:
-summarize-short's TPOT at 16-32 requests (measured 20-28 ms, simulated 26-32) and the first request's TTFT.
+The memory side needed no change: the pool matched vLLM's, and the admitted requests to within one request at
+every point once max_num_seqs matched (store-all 47-48 running against the simulator's 46-48; TreeWY 128 of 128,
+then 147 and 137 of 256 against 147 and 138). Not captured: summarize-short's TPOT at 16-32 requests (measured
+20.0-28.1 ms, simulated 25.8-32.5) and the first request's TTFT.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Tree verification of the gated delta rule, in fla's manner: the references (``reference.py``, and
-``treewy.ops.naive``), one file per kernel family (``chain.py``, ``wy.py``), the pending commit's fold written
+``treewy.ops.naive``), one file per kernel family (``chain.py``, ``path.py``), the pending commit's fold written
 once (``fold.py``), the choice of family (``select.py``) and the launcher and public function
 (``verify.py``). README.md holds the derivation and which kernel serves which window, as last measured.
 

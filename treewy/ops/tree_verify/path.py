@@ -9,7 +9,8 @@ tables are [BT, BD] with BD = the depth bound + 1, so deep trees cost registers 
 
 M and P only link a node t to its root path a_0 = t, a_1 = parent, ..., a_d = root (d = depth of t):
 
-    m_j(t) = M[t, a_j] = beta_t exp(G_t - G_{a_j}) k_t.k_{a_j},  p_j(t) = P[t, a_j] = scale exp(G_t - G_{a_j}) q_t.k_{a_j}
+    m_j(t) = M[t, a_j] = beta_t exp(G_t - G_{a_j}) k_t.k_{a_j},
+    p_j(t) = P[t, a_j] = scale exp(G_t - G_{a_j}) q_t.k_{a_j}
 
 (with 1 / ||k||, 1 / ||q|| when keys are normalized in the kernel). From (I + M)^-1 (I + M) = I, row t of the
 inverse lives on the same path and follows by forward substitution along it, and so does row t of P (I + M)^-1:
