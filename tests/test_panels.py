@@ -99,7 +99,7 @@ def test_serving_panel_overlays_the_committed_h200_sweep_with_its_settings():
     p = ServingPanel(concurrency=(1, 32, 128), gpu="h200", gmu=0.6, workload="generation-short", max_num_seqs=256,
                      acceptance="none (dummy weights)", step_costs="fitted: H200, vLLM 0.26, decode graphs")
     measured = p.frames["measured"]
-    assert measured.height == 10 and set(measured["weights"]) == {"dummy"}
+    assert measured.height == 12 and set(measured["weights"]) == {"dummy"}   # generation-short, c1-c256, both modes
     assert "vLLM measured (H200, 2026-11-30, dummy weights)" in set(p.frames["curves"]["source"])
     sim = p.frames["simulated"].filter(pl.col("concurrency") == 128).sort("mode")
     real = measured.filter(pl.col("concurrency") == 128).sort("mode")

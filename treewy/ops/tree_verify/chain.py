@@ -37,8 +37,12 @@ def _configs():
 
 def fixed_config():
     """The config to pin where autotuning cannot run (a serving engine's state pool is too large to benchmark
-    configs on): the first tuned one, BV = 8 on one warp, fla's fused_recurrent layout."""
-    return _configs()[0]
+    configs on): what the autotuner picked at B = 64 and 256 on the H200 (BV = 8 on one warp, fla's
+    fused_recurrent layout, one path row per fold pass, one stage: "autotune chain" in
+    benchmarks/results/targets_h200_2026-11-30_run5.log). Under the interpreter its one config."""
+    if INTERPRET:
+        return _configs()[0]
+    return triton.Config({"BV": 8, "FOLD_ROWS": 1}, num_warps=1, num_stages=1)
 
 
 @triton.autotune(configs=_configs(), key=KEY, restore_value=["h0"],
