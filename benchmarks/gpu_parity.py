@@ -130,8 +130,8 @@ def check_graph(log):
     o, u = tree_verify(*static, par)  # autotune before capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):  # device parents inside a capture: the chain flag is given, not read
-        o, u = tree_verify(*static, par, chain=tree.max_depth == T - 1)
+    with torch.cuda.graph(graph):  # device parents inside a capture: chain and depth are given, not read
+        o, u = tree_verify(*static, par, chain=tree.max_depth == T - 1, max_depth=tree.max_depth)
         tree_commit(static[5], u, static[1], static[3], par, acc)
     ok = True
     for seed in (101, 102, 103):
