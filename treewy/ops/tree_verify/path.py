@@ -51,8 +51,10 @@ UNROLL_DEPTH = tl.constexpr(8)
 #: (BV, BK, warps, stages, ROW_BK, PREFETCH) the kernel is tuned over, per precision and padded window BT: ROW_BK
 #: is the key chunk of the coefficient tables' dot products (wider: fewer round trips, more registers), PREFETCH
 #: issues each state chunk's load before the work on the one before (the first before the tree walk). Each
-#: compiles for sm_90 without spills with Triton 3.6 at depth 3 (benchmarks/compile_offline.py --all), except
-#: BT = 128. One stage from BT = 64 on, as for the WY stream kernel (two-stage configs gave wrong outputs there).
+#: compiles for sm_90 without spills at depth 3 with Triton 3.9's ptxas (benchmarks/compile_offline.py --all:
+#: benchmarks/results/compile_offline_sm90_triton39_2026-11-30_path.txt), BT = 128 not checked. One stage from
+#: BT = 64 on: two-stage configs of the removed WY stream kernel gave wrong outputs there with Triton 3.6
+#: (benchmarks/results/wy_stages_h200_2026-11-30.log).
 CONFIGS = {
     ("tf32", 16): ((32, 64, 4, 2, 32, False), (64, 32, 4, 1, 32, False), (32, 64, 4, 1, 128, True),
                    (32, 128, 4, 1, 128, True), (32, 64, 4, 1, 32, True), (64, 32, 4, 1, 32, True),
