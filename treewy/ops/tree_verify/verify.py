@@ -30,11 +30,12 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
 
     ``pending``: a PendingCommit whose parents and accepted are int32 device tensors (validated), or None;
     ``initial_state`` is then updated in place. ``chain``: the window is a chain (parents[t] = t - 1, not
-    checked here); with ``kernel`` None the family is ``select_kernel(T, B, chain)``. ``kernel``: "chain",
-    "path" to force one. ``max_depth``: a bound on every request's tree depth (sizes the path kernel's
-    tables; None: T - 1, always enough; a window deeper than the bound gets NaN outputs, never wrong ones). ``dot_precision``: None (the device default, see tuning.default_dot_precision),
-    "tf32", "ieee" or "tf32_plain". ``config``: a ``triton.Config`` of the tuned kernel to launch instead of
-    the autotuned one. ``state_indices``: None (request b's state is
+    checked here); with ``kernel`` None the family is ``select_kernel(T, B, chain)``. ``kernel``: "chain" or
+    "path" to force one. ``max_depth``: a bound on every request's tree depth (sizes the path kernel's tables;
+    None: T - 1, always enough; a window deeper than the bound gets NaN outputs, never wrong ones).
+    ``dot_precision``: None (the device default, see tuning.default_dot_precision), "tf32", "ieee" or
+    "tf32_plain". ``config``: a ``triton.Config`` of the tuned kernel to launch instead of the autotuned one.
+    ``state_indices``: None (request b's state is
     ``initial_state[b]``, its pending u / k / g row b) or int32 [B] on the device: ``initial_state`` and the
     pending u / k / g are pools of slots (any slot stride, each slot contiguous) and request b's live in
     slot ``state_indices[b]`` (a serving engine's state pool; distinct slots).
