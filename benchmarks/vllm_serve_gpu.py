@@ -26,7 +26,8 @@ and writes the verdict.
 ``--compile decode`` starts vLLM without torch.compile and with full CUDA graphs for decode steps only
 (``{"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}``): the spec-decode steps still replay graphs, and the
 server starts in a fraction of the time. ``--compile default`` keeps vLLM's default (compiled,
-FULL_AND_PIECEWISE). Give each concurrent process its own GPU (CUDA_VISIBLE_DEVICES) and --port: never two
+FULL_AND_PIECEWISE). ``--graph-max-tokens N`` (sweep) sets vLLM's max_cudagraph_capture_size: 0.26 captures steps
+of up to 512 tokens, and larger ones run without CUDA graphs. Give each concurrent process its own GPU (CUDA_VISIBLE_DEVICES) and --port: never two
 vLLM servers on one GPU, because a server's memory profile counts what another process allocates meanwhile as
 its own (on 2026-11-30 a store-all server failed to start with "No available memory for the cache blocks"
 when the fault run started on its GPU 15 s later).
@@ -53,8 +54,17 @@ from treewy.workloads import MEASURED_WORKLOADS  # noqa: E402
 
 VLLM_026_ARGS = ["--language-model-only", "--gdn-prefill-backend", "triton"]
 ENV_026 = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
-COMPILE = {"default": [],
-           "decode": ["--compilation-config", json.dumps({"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})]}
+COMPILE = {"default": {}, "decode": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}}
+
+
+def compile_args(name: str, graph_max_tokens: int | None = None) -> list[str]:
+    """vLLM's ``--compilation-config`` for a COMPILE choice; ``graph_max_tokens`` sets its
+    max_cudagraph_capture_size (vLLM 0.26 captures steps of up to 512 tokens by default: past that a step runs
+    without CUDA graphs, as TreeWY's 147 requests x 4 tokens did at concurrency 256 on 2026-11-30)."""
+    cfg = dict(COMPILE[name])
+    if graph_max_tokens is not None:
+        cfg["max_cudagraph_capture_size"] = graph_max_tokens
+    return ["--compilation-config", json.dumps(cfg)] if cfg else []
 KV_LINES = (re.compile(r"GPU KV cache size: ([\d,]+) tokens"),
             re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"),
             re.compile(r"Available KV cache memory: ([\d.]+) GiB"))
@@ -161,7 +171,7 @@ def cmd_tiny(args) -> int:
     # block (144-160 tokens for this model) while running, so that a full pool preempts
     report["compile"] = {"graphs": "default", "preempt": args.compile}
     stages = (("graphs", [], (1, 32), 64, args.new_tokens),
-              ("preempt", ["--num-gpu-blocks-override", str(args.preempt_blocks)] + COMPILE[args.compile], (32,),
+              ("preempt", ["--num-gpu-blocks-override", str(args.preempt_blocks)] + compile_args(args.compile), (32,),
                args.preempt_seqs, args.preempt_tokens))
     path = tiny_report_path(out, args.modes)
     for tag, extra, concs, seqs, tokens in stages:
@@ -263,7 +273,7 @@ def cmd_fault(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model_dir = str(export_vllm(ROOT / "treewy/models/tiny", "/tmp/tiny-vllm-fault", overwrite=True))
     server = ServeOptions(model=model_dir, gmu=0.3, num_speculative_tokens=3, max_num_seqs=64, port=args.port,
-                          max_model_len=2048, extra_args=VLLM_026_ARGS + COMPILE[args.compile])
+                          max_model_len=2048, extra_args=VLLM_026_ARGS + compile_args(args.compile))
     cfg = SweepConfig(server=server, model_name="tiny", workloads=["smoke"], modes=[args.mode],
                       concurrencies=[1, 4, 8, 16], num_prompts=16, out=out / "fault_sweep.parquet",
                       result_dir=out / "fault_results", device="H200", health_timeout=900, point_timeout=300)
@@ -288,7 +298,8 @@ def cmd_sweep(args) -> int:
                                  overwrite=True))
     server = ServeOptions(model=model_dir, gmu=args.gmu, num_speculative_tokens=3, max_num_seqs=256, port=args.port,
                           max_model_len=args.max_model_len,
-                          extra_args=VLLM_026_ARGS + ["--load-format", "dummy"] + COMPILE[args.compile])
+                          extra_args=VLLM_026_ARGS + ["--load-format", "dummy"]
+                          + compile_args(args.compile, args.graph_max_tokens))
     cfg = SweepConfig(server=server, model_name="qwen3.5-35b-a3b", workloads=args.workloads.split(","),
                       modes=[args.mode], concurrencies=[int(c) for c in args.concurrency.split(",")],
                       num_prompts=args.num_prompts, prompts_per_concurrency=1,
@@ -324,6 +335,8 @@ def main(argv=None) -> int:
     s.add_argument("--max-model-len", type=int, default=2048)
     s.add_argument("--port", type=int, default=8021)
     s.add_argument("--compile", default="decode", choices=tuple(COMPILE))
+    s.add_argument("--graph-max-tokens", type=int, default=None,
+                   help="vLLM's max_cudagraph_capture_size (default: vLLM's, 512 tokens per step in 0.26)")
     s.add_argument("--retry-failed", action="store_true",
                    help="rerun the points the checkpoint in --out records as failed (finished ones are kept)")
     f = sub.add_parser("fault")

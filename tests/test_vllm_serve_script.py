@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "vllm_serve_gpu.py"
@@ -48,15 +49,20 @@ def test_capacity_lines_are_read_from_vllms_log():
 
 def test_sweep_resumes_a_checkpoint_and_reruns_failed_points_when_asked(tmp_path, monkeypatch):
     """``sweep --retry-failed`` resumes the checkpoint in --out and reruns its failed points (how the 35B
-    concurrency 256 points were measured after their first run failed); without the flag they are kept."""
+    concurrency 256 points were measured after their first run failed); without the flag they are kept.
+    ``--graph-max-tokens`` reaches vLLM's compilation config beside the chosen compile mode."""
     import treewy.serve.export as export
 
     mod = _script()
     seen = []
     monkeypatch.setattr(export, "export_dummy", lambda *a, **k: str(tmp_path / "model"))
     monkeypatch.setattr(mod, "run_sweep", lambda cfg, out: (seen.append(cfg), (0, 0))[1])
-    for flags in ([], ["--retry-failed"]):
+    for flags in ([], ["--retry-failed", "--graph-max-tokens", "1024"]):
         assert mod.main(["sweep", "--mode", "reconstruct", "--out", str(tmp_path), "--port", "8022", *flags]) == 0
     assert [c.retry_failed for c in seen] == [False, True]
     assert seen[1].checkpoint == seen[0].checkpoint and seen[1].checkpoint.parent == tmp_path
     assert seen[1].server.port == 8022 and seen[1].concurrencies == [1, 16, 32, 64, 128, 256]
+    configs = [json.loads(c.server.extra_args[c.server.extra_args.index("--compilation-config") + 1]) for c in seen]
+    assert configs[0] == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    assert configs[1] == {**configs[0], "max_cudagraph_capture_size": 1024}
+    assert mod.compile_args("default") == [] and "--compilation-config" in mod.compile_args("default", 1024)
