@@ -11,8 +11,7 @@ cut short keeps what it measured):
 - every target row with pass/fail, scored on the kernel the default choice runs (``select_kernel``); every
   other candidate family timed beside it, and a check that the choice is the fastest;
 - launches per GDN layer per step (counted by the profiler), bytes moved against the roofline (the state read
-  and written once plus the window's inputs and outputs, at the H200's 4.27 TB/s copy bandwidth), and the
-  kernel's own traffic;
+  and written once plus the window's inputs and outputs, at the H200's 4.27 TB/s copy bandwidth);
 - fla-core's fused_recurrent over the same 4 tokens (target 5; skipped with a note when fla is not importable);
 - captured vs eager: a captured step launches the eager step's kernels and replays to its results; eager times;
 - the autotuner's tunings (keyed by batch bucket, not batch size);
@@ -43,7 +42,7 @@ import torch  # noqa: E402
 
 from treewy.ops import PendingCommit, naive_tree_verify, tree_verify  # noqa: E402
 from treewy.ops.benchmark import (  # noqa: E402
-    COPY_BW, MODELS, kernel_bytes, make, min_bytes, step_fn, target_result,
+    COPY_BW, MODELS, make, min_bytes, step_fn, target_result,
 )
 from treewy.ops.parity import folded_drift  # noqa: E402
 from treewy.ops.tree_verify import LAUNCHES, PRECISION_ENV, select_kernel, verify  # noqa: E402
@@ -189,15 +188,13 @@ class Bench:
         n, how = self.launches(fn, kernel)
         sb = torch.tensor([], dtype=state_dtype).element_size()
         nbytes = min_bytes("treewy", tree, B, d["H"], d["HV"], d["K"], d["V"], sb)
-        kbytes = kernel_bytes(kernel, tree, B, d["H"], d["HV"], d["K"], d["V"], sb)
         row = dict(key=key, kernel=kernel, T=tree.num_nodes, B=B, state_dtype=str(state_dtype).removeprefix("torch."),
                    dot_precision=dot_precision, us=us, launches=n, launches_how=how, min_bytes=nbytes,
-                   roofline_us=nbytes / COPY_BW * 1e6, kernel_bytes=kbytes, kernel_roofline_us=kbytes / COPY_BW * 1e6,
-                   roofline_fraction=nbytes / COPY_BW * 1e6 / us, gbps=kbytes / (us * 1e-6) / 1e9)
+                   roofline_us=nbytes / COPY_BW * 1e6, roofline_fraction=nbytes / COPY_BW * 1e6 / us,
+                   gbps=nbytes / (us * 1e-6) / 1e9)
         self.cases[f"{key} [{kernel}]" + (f" {dot_precision}" if dot_precision else "")] = row
         self.log(f"{key:18s} [{kernel:5s}]{' ' + dot_precision if dot_precision else '':6s} {us:10.1f} us  "
-                 f"{n} launch(es)  roofline {row['roofline_us']:.1f} us ({row['roofline_fraction']:.2f})  "
-                 f"with the kernel's own traffic {row['kernel_roofline_us']:.1f} us")
+                 f"{n} launch(es)  roofline {row['roofline_us']:.1f} us ({row['roofline_fraction']:.2f})")
         del x, fn
         if not self.smoke:
             torch.cuda.empty_cache()
@@ -379,12 +376,11 @@ def fmt(head, b: Bench):
         m = t["measured"]
         ms = f"{m:10.3g}" if (m and (abs(m) < 1e-2 or abs(m) >= 1e4)) else f"{m:10.2f}"
         lines.append(f"{t['target']:84s} {ms}  {t['bar']:>14s}  {target_result(t)}")
-    lines += ["", f"{'case':34s} {'us':>9s} {'launch':>6s} {'roof us':>8s} {'frac':>5s} {'own us':>7s} {'GB/s':>6s}",
-              "-" * 84]
+    lines += ["", f"{'case':34s} {'us':>9s} {'launch':>6s} {'roof us':>8s} {'frac':>5s} {'GB/s':>6s}",
+              "-" * 76]
     for key, r in b.cases.items():
         lines.append(f"{key:34s} {r['us']:9.1f} {r.get('launches', '-')!s:>6s} {r['roofline_us']:8.1f} "
-                     f"{r['roofline_fraction']:5.2f} {r.get('kernel_roofline_us', float('nan')):7.1f} "
-                     f"{r.get('gbps', float('nan')):6.0f}")
+                     f"{r['roofline_fraction']:5.2f} {r.get('gbps', float('nan')):6.0f}")
     lines += [""] + [f"note: {n}" for n in b.notes]
     return "\n".join(lines) + "\n"
 

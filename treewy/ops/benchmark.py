@@ -11,7 +11,8 @@ Providers:
 ``min_bytes`` is the traffic a step must move: the state read once and written once, the window's
 inputs read, o and u written, and for TreeWY the pending path's u and k read. ``gbps`` is that over
 the measured time; ``roofline_us`` is that traffic at the copy bandwidth measured on an H200
-(4.27 TB/s, read + write). ``kernel_bytes`` is what a kernel family moves (today ``min_bytes`` for each).
+(4.27 TB/s, read + write): every kernel family moves exactly that (the removed WY pair also wrote and read
+back its prepare output).
 """
 
 from __future__ import annotations
@@ -80,13 +81,6 @@ def min_bytes(provider, tree, B, H, HV, K, V, sb):
         out += B * T * HV * V * 4                          # u, fp32
         ins += B * path * (HV * V * 4 + H * K * 2 + HV * 4)  # the pending path's u, k, g
     return state + ins + out
-
-
-def kernel_bytes(kernel, tree, B, H, HV, K, V, sb):
-    """The traffic of a TreeWY step run by ``kernel``: ``min_bytes`` (every family now moves nothing beyond it;
-    the WY pair, removed, also wrote and read back 2 T^2 + 3 T floats per request and head)."""
-    del kernel
-    return min_bytes("treewy", tree, B, H, HV, K, V, sb)
 
 
 def bench(fn):

@@ -17,7 +17,7 @@ from treewy.ops.tree_verify.common import MAX_KERNEL_NODES
 from treewy.ops.tree_verify.path import path_fwd, tree_verify_path_kernel
 from treewy.ops.tree_verify.select import KERNELS, select_kernel
 from treewy.ops.tree_verify.tuning import check_dot_precision
-from treewy.tree import DraftTree
+from treewy.tree import DraftTree, path_depth
 
 #: The kernels behind each family name (launch order), for profilers and the offline compiler.
 KERNEL_FNS = {"chain": (tree_verify_chain_kernel,), "path": (tree_verify_path_kernel,)}
@@ -67,12 +67,7 @@ def _window_depth(parents, par: torch.Tensor, capturing: bool) -> int | None:
         if capturing:
             return None
         host = par
-    cur = host.long()
-    depth = torch.zeros_like(cur)
-    while bool((cur >= 0).any()):  # parents precede children (validated), so this ends within T steps
-        depth += cur >= 0
-        cur = torch.where(cur >= 0, torch.gather(host.long(), -1, cur.clamp(min=0)), -1)
-    return int(depth.max()) if depth.numel() else 0
+    return int(path_depth(host).max()) if host.numel() else 0
 
 
 def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2norm_in_kernel=False,
