@@ -47,9 +47,17 @@ def fit_eager_step(rows, gpu: str, server) -> float:
         return sum(math.log(s["mean_tpot_ms"] / r["mean_tpot_ms"]) ** 2 for r, s in zip(rows, sims))
 
     lo, hi, phi = 0.0, 0.3, (math.sqrt(5) - 1) / 2
-    for _ in range(30):
-        m1, m2 = hi - phi * (hi - lo), lo + phi * (hi - lo)
-        lo, hi = (lo, m2) if loss(m1) < loss(m2) else (m1, hi)
+    m1, m2 = hi - phi * (hi - lo), lo + phi * (hi - lo)
+    f1, f2 = loss(m1), loss(m2)
+    for _ in range(30):  # each step keeps one of the two inner points and evaluates one new one
+        if f1 < f2:
+            hi, m2, f2 = m2, m1, f1
+            m1 = hi - phi * (hi - lo)
+            f1 = loss(m1)
+        else:
+            lo, m1, f1 = m1, m2, f2
+            m2 = lo + phi * (hi - lo)
+            f2 = loss(m2)
     return (lo + hi) / 2
 
 
