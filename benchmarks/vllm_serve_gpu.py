@@ -11,7 +11,9 @@ enough that requests are preempted. Per phase it records every output, the spec-
 (drafts, draft tokens, accepted, accepted per position) and preemptions from ``/metrics``, and vLLM's
 own KV-cache capacity lines from the log. Then ``treewy.decode.generate`` (MTP chain (1, 1, 1), the
 committed GPU kernels) writes the same prompts, and every output is compared. Writes tiny_<modes>.json and
-the server logs.
+the server logs. ``--dtype float32`` serves and generates in fp32: there two GDN kernels that round differently
+agree to about 1e-6, far below the smallest gap between the top two logits, so any difference between the modes
+is a logic error rather than a bf16 near-tie.
 
 ``sweep``: the 35B-A3B architecture with dummy weights (``treewy export-vllm --dummy``), one mode per
 call, ``treewy bench-serve`` over the given concurrencies and workloads (closed loops of one wave:
@@ -139,19 +141,19 @@ def serve_phases(model_dir: str, mode: str, prompts, new_tokens: int, out: Path,
     return res
 
 
-def treewy_outputs(prompts, new_tokens: int) -> list[list[int]]:
+def treewy_outputs(prompts, new_tokens: int, dtype: str = "bfloat16") -> list[list[int]]:
     import torch
 
     from treewy.decode import generate
     from treewy.models import load
 
-    model = load("tiny", dtype=torch.bfloat16, device="cuda")
+    model = load("tiny", dtype=getattr(torch, dtype), device="cuda")
     res = generate(model, prompts, drafter="mtp", tree=(1, 1, 1), max_new_tokens=new_tokens)
     return [list(map(int, t)) for t in res.tokens]
 
 
-def tiny_report_path(out: Path, modes) -> Path:
-    return out / f"tiny_{'-'.join(modes)}.json"
+def tiny_report_path(out: Path, modes, dtype: str = "bfloat16") -> Path:
+    return out / f"tiny_{'-'.join(modes)}{'' if dtype == 'bfloat16' else '_' + dtype}.json"
 
 
 def cmd_tiny(args) -> int:
@@ -169,11 +171,13 @@ def cmd_tiny(args) -> int:
     report["vllm"] = vllm.__version__
     # preempt: vLLM needs max_num_seqs <= the pool's blocks, and requests must outgrow their first attention
     # block (144-160 tokens for this model) while running, so that a full pool preempts
-    report["compile"] = {"graphs": "default", "preempt": args.compile}
-    stages = (("graphs", [], (1, 32), 64, args.new_tokens),
-              ("preempt", ["--num-gpu-blocks-override", str(args.preempt_blocks)] + compile_args(args.compile), (32,),
-               args.preempt_seqs, args.preempt_tokens))
-    path = tiny_report_path(out, args.modes)
+    report["compile"] = {"graphs": args.graphs_compile, "preempt": args.compile}
+    report["dtype"] = args.dtype
+    dtype = ["--dtype", args.dtype]
+    stages = (("graphs", dtype + compile_args(args.graphs_compile), (1, 32), 64, args.new_tokens),
+              ("preempt", dtype + ["--num-gpu-blocks-override", str(args.preempt_blocks)] + compile_args(args.compile),
+               (32,), args.preempt_seqs, args.preempt_tokens))
+    path = tiny_report_path(out, args.modes, args.dtype)
     for tag, extra, concs, seqs, tokens in stages:
         if tag not in args.stages:
             continue
@@ -186,7 +190,7 @@ def cmd_tiny(args) -> int:
                 log(f"{tag} {mode} FAILED: {e}")
             path.write_text(json.dumps(report))
     t0 = time.time()
-    report["treewy_generate"] = treewy_outputs(prompts, max(args.new_tokens, args.preempt_tokens))
+    report["treewy_generate"] = treewy_outputs(prompts, max(args.new_tokens, args.preempt_tokens), args.dtype)
     report["treewy_generate_s"] = round(time.time() - t0, 1)
     report["verdict"] = compare(report)
     path.write_text(json.dumps(report))
@@ -325,6 +329,10 @@ def main(argv=None) -> int:
     t.add_argument("--stages", default="graphs,preempt", type=lambda s: s.split(","))
     t.add_argument("--port", type=int, default=8011)
     t.add_argument("--compile", default="decode", choices=tuple(COMPILE), help="for the preemption stage")
+    t.add_argument("--graphs-compile", default="default", choices=tuple(COMPILE), help="for the graphs stage")
+    t.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                   help="the model's dtype in vLLM and in treewy.decode.generate (float32: kernels that round "
+                        "differently agree far below the smallest gap between the top two logits)")
     s = sub.add_parser("sweep")
     s.add_argument("--out", required=True)
     s.add_argument("--mode", required=True, choices=("store_all", "reconstruct"))
