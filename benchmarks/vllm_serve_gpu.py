@@ -13,7 +13,8 @@ own KV-cache capacity lines from the log. Then ``treewy.decode.generate`` (MTP c
 committed GPU kernels) writes the same prompts, and every output is compared. Writes tiny_<modes>.json and
 the server logs. ``--dtype float32`` serves and generates in fp32: there two GDN kernels that round differently
 agree to about 1e-6, far below the smallest gap between the top two logits, so any difference between the modes
-is a logic error rather than a bf16 near-tie.
+is a logic error rather than a bf16 near-tie. vLLM 0.26's own GDN prefill refuses fp32, so both modes then prefill
+through ``treewy.serve.fp32_prefill`` (TREEWY_FP32_PREFILL=1).
 
 ``sweep``: the 35B-A3B architecture with dummy weights (``treewy export-vllm --dummy``), one mode per
 call, ``treewy bench-serve`` over the given concurrencies and workloads (closed loops of one wave:
@@ -118,11 +119,12 @@ def kv_capacity(text: str) -> dict:
 
 
 def serve_phases(model_dir: str, mode: str, prompts, new_tokens: int, out: Path, tag: str, extra: list[str],
-                 concurrencies=(1, 32), max_num_seqs: int = 64, gmu: float = 0.3, port: int = 8011) -> dict:
+                 concurrencies=(1, 32), max_num_seqs: int = 64, gmu: float = 0.3, port: int = 8011,
+                 extra_env: dict | None = None) -> dict:
     opts = ServeOptions(model=model_dir, mode=mode, gmu=gmu, num_speculative_tokens=3, max_num_seqs=max_num_seqs,
                         port=port, max_model_len=2048, served_model_name="tiny", extra_args=VLLM_026_ARGS + extra)
     argv, env = build_command(opts)
-    env = {**env, **ENV_026}
+    env = {**env, **ENV_026, **(extra_env or {})}
     log_path = out / f"server_{tag}_{mode}.log"
     res = {"mode": mode, "tag": tag, "argv": argv, "env": env, "phases": {}}
     t0 = time.time()
@@ -174,6 +176,8 @@ def cmd_tiny(args) -> int:
     report["compile"] = {"graphs": args.graphs_compile, "preempt": args.compile}
     report["dtype"] = args.dtype
     dtype = ["--dtype", args.dtype]
+    # vLLM's own GDN prefill refuses fp32: both modes get treewy's recurrent one (treewy.serve.fp32_prefill)
+    extra_env = {"TREEWY_FP32_PREFILL": "1"} if args.dtype == "float32" else {}
     stages = (("graphs", dtype + compile_args(args.graphs_compile), (1, 32), 64, args.new_tokens),
               ("preempt", dtype + ["--num-gpu-blocks-override", str(args.preempt_blocks)] + compile_args(args.compile),
                (32,), args.preempt_seqs, args.preempt_tokens))
@@ -184,7 +188,7 @@ def cmd_tiny(args) -> int:
         for mode in args.modes:
             try:
                 report["runs"].append(serve_phases(model_dir, mode, prompts, tokens, out, tag, extra, concs, seqs,
-                                                   port=args.port))
+                                                   port=args.port, extra_env=extra_env))
             except Exception as e:  # noqa: BLE001 - recorded, the other runs go on
                 report["runs"].append({"mode": mode, "tag": tag, "error": f"{type(e).__name__}: {e}"})
                 log(f"{tag} {mode} FAILED: {e}")

@@ -3,6 +3,7 @@
 Registered through ``[project.entry-points."vllm.general_plugins"] treewy``; vLLM calls ``register()``
 in every process. It does nothing unless ``TREEWY_MODE=reconstruct`` (the launcher sets it, and
 ``VLLM_PLUGINS=treewy``), so installing treewy next to vLLM leaves stock store-all serving untouched.
+``TREEWY_FP32_PREFILL=1`` (either mode) swaps in ``fp32_prefill`` so that a model serves in fp32.
 
 What ``register()`` does in reconstruct mode (vLLM is imported here, never at treewy import):
 
@@ -27,6 +28,7 @@ import importlib
 import os
 
 
+from treewy.serve import fp32_prefill
 from treewy.serve import vllm_adapter as adapter
 from treewy.serve.reconstruct import ReconstructPools, flush_slots, spec_step, stash_layout
 
@@ -48,6 +50,8 @@ def page_layout(stock_shapes, stock_dtypes, *, tp: int, num_k_heads: int, num_v_
 
 def register() -> None:
     """vLLM general-plugin entry point; re-entrant (vLLM may call it several times per process)."""
+    if fp32_prefill.requested():  # either mode: the fp32 equality check (see fp32_prefill)
+        fp32_prefill.install()
     if not enabled():
         return
     version = adapter.installed_version()

@@ -18,6 +18,8 @@ SERVE_REQUIREMENT = "vllm>=0.26,<0.34," + ",".join(f"!=0.{m}.*" for m in range(2
 GDN_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
 GDN_LAYER = "QwenGatedDeltaNetAttention"
 SPEC_UPDATE = "fused_sigmoid_gating_delta_rule_update"
+#: The layer module's prefill op; its ``forward_native`` (the Triton backend) is what ``fp32_prefill`` replaces.
+PREFILL_OP = "ChunkGatedDeltaRule"
 
 #: Fused decode paths of the layer that bypass ``SPEC_UPDATE`` (switched off in reconstruct mode).
 FUSED_PATH_FLAGS = ("enable_packed_recurrent_decode", "enable_fused_gdn_spec_decode")

@@ -39,6 +39,10 @@ NAMES: tuple[Name, ...] = (
     Name(FLA, "fused_sigmoid_gating_delta_rule_update",
          ("A_log", "a", "b", "dt_bias", "q", "k", "v", "initial_state", "cu_seqlens", "ssm_state_indices",
           "num_accepted_tokens", "use_qk_l2norm_in_kernel")),
+    # the prefill op whose Triton path fp32_prefill replaces (called by keyword)
+    Name(GDN, "ChunkGatedDeltaRule.forward_native",
+         ("self", "q", "k", "v", "g", "beta", "initial_state", "output_final_state", "cu_seqlens", "chunk_indices",
+          "chunk_offsets", "use_qk_l2norm_in_kernel", "core_attn_out")),
     Name(MAMBA, "MambaBase.get_kv_cache_spec", ("self", "vllm_config")),
     Name("vllm.v1.kv_cache_interface", "MambaSpec.num_speculative_blocks", kind="field"),
     Name("vllm.v1.kv_cache_interface", "MambaSpec.shapes", kind="field"),
