@@ -77,9 +77,10 @@ def is_chain(tree):
 
 
 def candidates(tree, B):
-    """The selected family first, then the others that can run the window (chains: both)."""
+    """The selected family first, then the others that can run the window (chains: chain and path; trees: both
+    path launches)."""
     chosen = select_kernel(tree.num_nodes, B, is_chain(tree))
-    return [chosen] + [k for k in (("chain", "path") if is_chain(tree) else ("path",)) if k != chosen]
+    return [chosen] + [k for k in (("chain", "path") if is_chain(tree) else ("path", "path_split")) if k != chosen]
 
 
 def pinned_configs():
@@ -89,6 +90,7 @@ def pinned_configs():
     from treewy.ops.tree_verify.path import config
 
     return {("chain", None): fixed_config(), ("path", "tf32"): config(32, 32, 4, 1, 32, True),
+            ("path_split", "tf32"): config(32, 32, 4, 1, 32, True),
             ("path", "tf32_plain"): config(32, 32, 4, 1, 32, True), ("path", "ieee"): config(16, 32, 4, 1, 32, False)}
 
 
@@ -112,7 +114,7 @@ def recording():
     with mock.patch.object(verify, "chain_fwd", side_effect=lambda *a, _f=verify.chain_fwd, **k: (
             calls.append("chain"), _f(*a, **k))[1]), \
          mock.patch.object(verify, "path_fwd", side_effect=lambda *a, _f=verify.path_fwd, **k: (
-            calls.append("path"), _f(*a, **k))[1]):
+            calls.append("path_split" if k.get("split") else "path"), _f(*a, **k))[1]):
         yield calls
 
 
@@ -295,10 +297,12 @@ def capture_vs_eager(b: Bench, write):
         b.targets.append(target(f"8 eager (no graph) step, {key} [{kernel}] (us)", eager_us,
                                 "report" + (f": graph {graph_us:.1f}" if graph_us else ""), True, "us"))
         del x
-    tunings = {n: len(getattr(f[-1], "cache", {})) for n, f in verify.KERNEL_FNS.items()}
+    # per autotuned kernel (the families share the path kernel: "path_split" is it with HAS_TABLES in the key)
+    kernels = {f.fn.__name__: f for fns in verify.KERNEL_FNS.values() for f in fns}
+    tunings = {n: len(getattr(f, "cache", {})) for n, f in kernels.items()}
     b.extra["autotune tunings"] = tunings
-    b.extra["autotune picks"] = {n: {str(key): str(cfg) for key, cfg in getattr(f[-1], "cache", {}).items()}
-                                 for n, f in verify.KERNEL_FNS.items()}
+    b.extra["autotune picks"] = {n: {str(key): str(cfg) for key, cfg in getattr(f, "cache", {}).items()}
+                                 for n, f in kernels.items()}
     for n, picks in b.extra["autotune picks"].items():
         for key, cfg in picks.items():
             b.log(f"autotune {n}: {cfg} for {key}")
@@ -315,7 +319,8 @@ def exactness(b: Bench, write):
     pins = {} if b.smoke else pinned_configs()
     chain3, t222, t333, chain1 = tree_of((1, 1, 1)), tree_of((2, 2, 2)), tree_of((3, 3, 3)), DraftTree.chain(1)
     runs = [("chain", None, [chain3, chain1], steps), ("path", "tf32", [t333, t222, chain3], steps),
-            ("path", "ieee", [t333, chain3], steps), ("path", "tf32_plain", [t333], max(2, steps // 4))]
+            ("path_split", "tf32", [t333, t222], steps), ("path", "ieee", [t333, chain3], steps),
+            ("path", "tf32_plain", [t333], max(2, steps // 4))]
     for kernel, prec, trees, n in runs:
         label = f"{kernel}" + (f" {prec}" if prec else "")
         if b.past_deadline(f"drift {label}"):
@@ -348,7 +353,7 @@ def bf16_outputs(b: Bench):
     """bf16 q, k, v: the error against the fp64 reference on the unrounded inputs, against twice the error of
     rounding the inputs alone (the fp64 reference on the rounded inputs); the precisions' output errors."""
     d = b.dims
-    for widths, kernel in (((1, 1, 1), "chain"), ((1, 1, 1), "path"), ((3, 3, 3), "path")):
+    for widths, kernel in (((1, 1, 1), "chain"), ((1, 1, 1), "path"), ((3, 3, 3), "path"), ((3, 3, 3), "path_split")):
         tree = tree_of(widths)
         x = make(4, tree.num_nodes, d["H"], d["HV"], d["K"], d["V"], torch.float32, device="cuda",
                  input_dtype=torch.float32)

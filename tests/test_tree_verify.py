@@ -20,6 +20,7 @@ from treewy.ops.tree_verify import (
 )
 from treewy.ops.tree_verify.chain import _configs as chain_configs
 from treewy.ops.tree_verify.reference import path_tables_ref, path_verify_ref
+from treewy.ops.tree_verify.select import SPLIT_MIN_BATCH
 from treewy.ops.tree_verify.tuning import KEY
 from treewy.testing import random_tree
 from treewy.tree import DraftTree
@@ -111,6 +112,11 @@ FORCED = [  # id, kernel, B, H, HV, K, V, previous window, new window
      DraftTree.from_widths((5,)).parents),
     ("path-per-request-after-tree", "path", 3, 2, 4, 24, 20, "per-request-9", "per-request-19"),
     ("path-chain6-k33", "path", 2, 1, 1, 33, 16, DraftTree.chain(2).parents, DraftTree.chain(6).parents),
+    # the split launch: tables in a kernel of their own, read back by the streaming kernel
+    ("path_split-tree333-after-tree", "path_split", 2, 1, 2, 20, 12, DraftTree.from_widths((2, 2)).parents,
+     DraftTree.from_widths((3, 3, 3)).parents),
+    ("path_split-per-request-after-tree", "path_split", 3, 2, 4, 24, 20, "per-request-9", "per-request-19"),
+    ("path_split-chain6-k33", "path_split", 2, 1, 1, 33, 16, DraftTree.chain(2).parents, DraftTree.chain(6).parents),
 ]
 
 
@@ -183,11 +189,12 @@ def test_every_kernel_honours_num_nodes_and_bf16_state(kernel):
 # ---- the kernel choice ----
 
 def test_selection_is_a_function_of_host_facts():
-    """Chains take the chain kernel at every batch size, trees the path kernel; the autotune key holds the batch
-    bucket, not the batch size."""
+    """Chains take the chain kernel at every batch size, trees the path kernel (split from SPLIT_MIN_BATCH
+    requests on); the autotune key holds the batch bucket, not the batch size."""
     assert select_kernel(1, 256, True) == "chain"
     assert select_kernel(4, 1, True) == select_kernel(4, 256, True) == "chain"
-    assert select_kernel(40, 1, False) == "path" and select_kernel(15, 256, False) == "path"
+    assert select_kernel(40, 1, False) == "path" and select_kernel(40, SPLIT_MIN_BATCH - 1, False) == "path"
+    assert select_kernel(15, 256, False) == select_kernel(40, SPLIT_MIN_BATCH, False) == "path_split"
     assert all(LAUNCHES[k] <= 3 and len(KERNEL_FNS[k]) == LAUNCHES[k] for k in KERNELS)
     assert [batch_bucket(b) for b in (1, 2, 4, 5, 16, 17, 64, 65, 256, 300, 5000)] == \
         [1, 4, 4, 16, 16, 64, 64, 256, 256, 1024, 1024]

@@ -1,5 +1,5 @@
-"""The path kernel (one launch, any tree): its depth tables, their bound, and parity with the fp64 reference on
-trees of every shape (CPU: Triton interpreter, awkward sizes)."""
+"""The path kernel (one launch, any tree, or two as "path_split"): its depth tables, their bound, and parity with
+the fp64 reference on trees of every shape (CPU: Triton interpreter, awkward sizes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from treewy.ops import PendingCommit, naive_tree_step
 from treewy.ops.tree_verify import default_dot_precision, tree_verify, tree_verify_fwd
 from treewy.ops.tree_verify import verify as verify_mod
-from treewy.ops.tree_verify.path import CONFIGS, _config_key, _prune, config, depth_block
+from treewy.ops.tree_verify.path import CONFIGS, SINGLE_REQUEST, _config_key, _prune, config, depth_block
 from treewy.testing import random_tree
 from treewy.tree import DraftTree, path_depth
 
@@ -42,7 +42,8 @@ def test_path_kernel_matches_the_reference(widths, bound):
     assert rel(state, rS) < 1e-6 and rel(o, ro) < O_TOL and rel(u, ru) < 1e-5
 
 
-def test_path_kernel_random_trees_per_request_with_num_nodes():
+@pytest.mark.parametrize("kernel", ["path", "path_split"])
+def test_path_kernel_random_trees_per_request_with_num_nodes(kernel):
     """Every request its own random tree, cut short by num_nodes (zeros past it), keys normalized in kernel."""
     gen = torch.Generator().manual_seed(3)
     B, H, HV, K, V, T = 3, 1, 2, 16, 20, 23
@@ -51,7 +52,7 @@ def test_path_kernel_random_trees_per_request_with_num_nodes():
     S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(DEVICE)
     nn = torch.tensor([T, 9, 0], dtype=torch.int32)
     o, u = tree_verify(q, k, v, g, beta, S.clone(), par, use_qk_l2norm_in_kernel=True, num_nodes=nn.to(DEVICE),
-                       kernel="path")
+                       kernel=kernel)
     for b in range(B):
         n = int(nn[b])
         assert not o[b, n:].any() and not u[b, n:].any()
@@ -62,15 +63,16 @@ def test_path_kernel_random_trees_per_request_with_num_nodes():
             assert rel(o[b:b + 1, :n], ro) < O_TOL and rel(u[b:b + 1, :n], ru) < 1e-5
 
 
-def test_a_depth_bound_that_does_not_hold_gives_nan_not_wrong_numbers():
+@pytest.mark.parametrize("kernel", ["path", "path_split"])
+def test_a_depth_bound_that_does_not_hold_gives_nan_not_wrong_numbers(kernel):
     tree = DraftTree.from_widths((2, 2, 2))   # depth 3: tables of BD = 2 cannot hold it
     gen = torch.Generator().manual_seed(4)
     w = window(1, tree.num_nodes, 1, 1, 16, 16, gen)
     S = torch.randn(1, 1, 16, 16, generator=gen).to(DEVICE)
-    o, u = tree_verify_fwd(*w, S, tree.parents.to(DEVICE, torch.int32), 0, 0.25, kernel="path", max_depth=1)
+    o, u = tree_verify_fwd(*w, S, tree.parents.to(DEVICE, torch.int32), 0, 0.25, kernel=kernel, max_depth=1)
     assert torch.isnan(o).all() and torch.isnan(u).all()
     with pytest.raises(ValueError, match="max_depth = 1 but the window is 3 deep"):
-        tree_verify(*w, S, tree, kernel="path", max_depth=1)
+        tree_verify(*w, S, tree, kernel=kernel, max_depth=1)
 
 
 def test_depth_is_found_from_host_and_device_parents_and_asked_for_inside_capture(monkeypatch):
@@ -108,9 +110,14 @@ def test_configs_are_picked_by_window():
         assert sorted(_config_key(c) for c in got) == sorted(want)
     narrow = _prune(configs, {"BT": 16, "V": 20, "DOT_PRECISION": "tf32"})
     assert narrow and all(c.kwargs["BV"] <= 32 for c in narrow)
+    for key, want in SINGLE_REQUEST.items():   # one request: no autotuning, the pinned config
+        got = _prune(configs, {"BT": key[1], "V": 128, "DOT_PRECISION": key[0], "B_BUCKET": 1})
+        assert [_config_key(c) for c in got] == [want] and want in CONFIGS[key]
+    assert len(_prune(configs, {"BT": 64, "V": 128, "DOT_PRECISION": "tf32", "B_BUCKET": 4})) > 1
 
 
-def test_pending_path_rows_then_tree_in_a_state_pool():
+@pytest.mark.parametrize("kernel", ["path", "path_split"])
+def test_pending_path_rows_then_tree_in_a_state_pool(kernel):
     """The plugin's layout: states and pending stash in pool slots, a tree window verified from them."""
     gen = torch.Generator().manual_seed(9)
     B, H, HV, K, V, T, slots_total = 2, 1, 2, 16, 8, 13, 5
@@ -127,5 +134,5 @@ def test_pending_path_rows_then_tree_in_a_state_pool():
                                  pending=PendingCommit(*(x[slots.long()].double() for x in stash), tree.parents,
                                                        acc.cpu()))
     o, u = tree_verify_fwd(q, k, v, g, beta, pool, par, 0, K ** -0.5, pending=PendingCommit(*stash, par, acc),
-                           kernel="path", max_depth=tree.max_depth, state_indices=slots)
+                           kernel=kernel, max_depth=tree.max_depth, state_indices=slots)
     assert rel(o, ro) < O_TOL and rel(u, ru) < 1e-5 and rel(pool[slots.long()], rS) < 1e-6

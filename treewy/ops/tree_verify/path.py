@@ -72,6 +72,10 @@ CONFIGS = {
 }
 
 
+#: (ROW_BK, warps) the split launch's tables kernel is tuned over (the first: what a pinned launch runs).
+TABLE_CONFIGS = ((32, 4),) if INTERPRET else ((32, 4), (64, 4), (32, 2), (64, 8))
+
+
 def depth_block(T: int, max_depth: int | None) -> int:
     """BD, the columns of the coefficient tables: the next power of two above the window's largest depth
     (at least 2), or above T - 1 when the depth is not known (always enough, costlier for wide trees)."""
@@ -95,10 +99,19 @@ def _config_key(c):
     return (c.kwargs["BV"], c.kwargs["BK"], c.num_warps, c.num_stages, c.kwargs["ROW_BK"], c.kwargs["PREFETCH"])
 
 
+#: The config a single request runs, per (precision, BT), instead of autotuning: at B = 1 a step takes 10-20 us
+#: and the autotuner's eager timings are mostly launch overhead, so its picks varied between runs (15.3 and
+#: 22.8 us at (3, 3, 3)). These were the fastest under CUDA graphs (benchmarks/profile_kernels.py, H200,
+#: 2026-11-30: 15.1 us at (3, 3, 3), 9.3 us for a chain of 4).
+SINGLE_REQUEST = {("tf32", 64): (32, 64, 4, 1, 32, False), ("tf32", 16): (32, 128, 4, 1, 128, True)}
+
+
 def _prune(configs, named_args, **kwargs):
-    """The configs listed for the launch's precision and padded window BT (and no wider than V)."""
+    """The configs listed for the launch's precision and padded window BT (and no wider than V); one request
+    runs its SINGLE_REQUEST config where there is one."""
     args = {**named_args, **kwargs}
-    keep = CONFIGS[(args["DOT_PRECISION"], args["BT"])]
+    key = (args["DOT_PRECISION"], args["BT"])
+    keep = (SINGLE_REQUEST[key],) if args.get("B_BUCKET") == 1 and key in SINGLE_REQUEST else CONFIGS[key]
     return [c for c in fit_v(configs, named_args, **kwargs) if _config_key(c) in keep] or configs[:1]
 
 
@@ -186,40 +199,15 @@ def _path_coefficients(b_anc, b_G, b_beta, b_KK, b_QK, b_qq, m_t, n_depth, scale
     return b_x, b_wt, b_beta * b_eG * b_rk, scale * b_eG * b_rq
 
 
-@triton.autotune(configs=_configs(), key=KEY_DOTS + ["BD"], restore_value=["h0"],
-                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune}, **AUTOTUNE_EXTRA)
-@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb", "stride_pu", "stride_pk", "stride_pg",
-                               "B_BUCKET"])
-def tree_verify_path_kernel(
-    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc, state_idx,
-    stride_hb, stride_pb, stride_ppb, stride_pu, stride_pk, stride_pg, scale, T, PT, B_BUCKET,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr, ROW_BK: tl.constexpr, PREFETCH: tl.constexpr,
-    USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
-    HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr, PENDING_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, K_TF32: tl.constexpr, FOLD_ROWS: tl.constexpr,
-    HAS_STATE_INDICES: tl.constexpr,
-):
-    i_v, i_b, i_b64, i_hv, i_h = _program(H, HV)
-    h0, pu, pk, pg, ppar, pacc = _request_bases(i_b, i_b64, h0, pu, pk, pg, ppar, pacc, state_idx, stride_hb,
-                                                stride_pu, stride_pk, stride_pg, stride_ppb, HAS_STATE_INDICES)
+@triton.jit
+def _tables(q, k, g, beta, parents, i_b64, i_hv, i_h, m_t, stride_pb, scale, T, H: tl.constexpr, HV: tl.constexpr,
+            K: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, ROW_BK: tl.constexpr,
+            USE_QK_L2NORM_IN_KERNEL: tl.constexpr):
+    """Everything of a (request, value head) that does not depend on the state or the values: (ancestors a_j,
+    x_j, w_j [BT, BD], beta exp(G) / ||k||, scale exp(G) / ||q||, beta [BT], depth)."""
     o_t = tl.arange(0, BT)
     o_d = tl.arange(0, BD)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < V
-    # PREFETCH: the first state chunk's load goes out before anything that waits on memory, each later one
-    # while the chunk before is folded and multiplied
-    p_h = h0 + i_hv * V * K + o_v[None, :] * K
-    if PREFETCH:
-        o_k0 = tl.arange(0, BK)
-        b_h_next = tl.load(p_h + o_k0[:, None], mask=(o_k0 < K)[:, None] & m_v[None, :], other=0)
-    n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
-    m_t = o_t < n_b
     b_anc, b_G, b_beta, n_depth = _walk(parents, g, beta, i_b64, i_hv, m_t, stride_pb, T, HV, BT, BD)
-    if HAS_PENDING:
-        a, o_p, rank, n_path, b_C, b_w = _pending_path(0, 0, i_hv, pg, ppar, pacc, 0, PT, HV, BPT)
-        b_w = b_w * _pending_key_scale(0, i_h, pk, o_p, rank, PT, H, K, BPT, PENDING_L2NORM)
-
     # each node's key and query against its own and its ancestors' keys, in exact fp32 (rows from global
     # memory, the ancestors' gathered; one chunk's loads issued together)
     b_KK = tl.zeros([BT, BD], dtype=tl.float32)
@@ -244,6 +232,107 @@ def tree_verify_path_kernel(
                 b_KK, b_QK = _ancestor_dots(b_KK, b_QK, b_k, b_q, k, b_anc, o_d, j, i_b64, i_h, o_k, m_k, T, H, K)
     b_x, b_wt, b_ck, b_cq = _path_coefficients(b_anc, b_G, b_beta, b_KK, b_QK, b_qq, m_t, n_depth, scale, BD,
                                                USE_QK_L2NORM_IN_KERNEL)
+    return b_anc, b_x, b_wt, b_ck, b_cq, b_beta, n_depth
+
+
+@triton.jit
+def _table_row(tab, i_b64, i_hv, o_t, T, HV: tl.constexpr, BD: tl.constexpr):
+    """Pointers to the table rows of a (request, value head): ``table_cols(BD)`` floats per node, x_j, w_j and
+    a_j (BD each), then beta, beta exp(G) / ||k|| and scale exp(G) / ||q||."""
+    return tab + ((i_b64 * HV + i_hv) * T + o_t) * (3 * BD + 3)
+
+
+@triton.jit
+def _load_tables(tab, i_b64, i_hv, o_t, m_t, T, HV: tl.constexpr, BD: tl.constexpr):
+    o_d = tl.arange(0, BD)
+    p = _table_row(tab, i_b64, i_hv, o_t, T, HV, BD)
+    m = m_t[:, None] & (o_d[None, :] < BD)
+    b_x = tl.load(p[:, None] + o_d[None, :], mask=m, other=0)
+    b_wt = tl.load(p[:, None] + BD + o_d[None, :], mask=m, other=0)
+    b_anc = tl.load(p[:, None] + 2 * BD + o_d[None, :], mask=m, other=-1).to(tl.int32)
+    b_beta = tl.load(p + 3 * BD, mask=m_t, other=0)
+    b_ck = tl.load(p + 3 * BD + 1, mask=m_t, other=0)
+    b_cq = tl.load(p + 3 * BD + 2, mask=m_t, other=0)
+    return b_anc, b_x, b_wt, b_ck, b_cq, b_beta
+
+
+def table_cols(bd: int) -> int:
+    """Floats per node in the tables the split launch passes between its two kernels."""
+    return 3 * bd + 3
+
+
+@triton.autotune(configs=[triton.Config({"ROW_BK": r}, num_warps=w) for r, w in TABLE_CONFIGS],
+                 key=["B_BUCKET", "BT", "BD", "H", "HV", "K", "USE_QK_L2NORM_IN_KERNEL", "HAS_NUM_NODES"],
+                 **AUTOTUNE_EXTRA)
+@triton.jit(do_not_specialize=["T", "stride_pb", "B_BUCKET"])
+def path_tables_kernel(q, k, g, beta, parents, num_nodes, tab, stride_pb, scale, T, B_BUCKET, H: tl.constexpr,
+                       HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, ROW_BK: tl.constexpr,
+                       USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr):
+    """The split launch's first kernel: per (request, value head), the tables the streaming kernel reads (the
+    fused kernel's prologue, once per head instead of once per value tile). A window deeper than the tables
+    hold gets NaN coefficients, hence NaN outputs."""
+    i_bh = tl.program_id(0)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_b64 = i_b.to(tl.int64)
+    i_h = i_hv // (HV // H)
+    o_t = tl.arange(0, BT)
+    o_d = tl.arange(0, BD)
+    n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
+    m_t = o_t < n_b
+    b_anc, b_x, b_wt, b_ck, b_cq, b_beta, n_depth = _tables(q, k, g, beta, parents, i_b64, i_hv, i_h, m_t,
+                                                            stride_pb, scale, T, H, HV, K, BT, BD, ROW_BK,
+                                                            USE_QK_L2NORM_IN_KERNEL)
+    if n_depth >= BD:
+        b_x = b_x + float("nan")
+        b_wt = b_wt + float("nan")
+    p = _table_row(tab, i_b64, i_hv, o_t, T, HV, BD)
+    m_r = o_t < T
+    m = m_r[:, None] & (o_d[None, :] < BD)
+    tl.store(p[:, None] + o_d[None, :], b_x, mask=m)
+    tl.store(p[:, None] + BD + o_d[None, :], b_wt, mask=m)
+    tl.store(p[:, None] + 2 * BD + o_d[None, :], b_anc.to(tl.float32), mask=m)
+    tl.store(p + 3 * BD, b_beta, mask=m_r)
+    tl.store(p + 3 * BD + 1, b_ck, mask=m_r)
+    tl.store(p + 3 * BD + 2, b_cq, mask=m_r)
+
+
+@triton.autotune(configs=_configs(), key=KEY_DOTS + ["BD", "HAS_TABLES"], restore_value=["h0"],
+                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune}, **AUTOTUNE_EXTRA)
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb", "stride_pu", "stride_pk", "stride_pg",
+                               "B_BUCKET"])
+def tree_verify_path_kernel(
+    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc, state_idx, tab,
+    stride_hb, stride_pb, stride_ppb, stride_pu, stride_pk, stride_pg, scale, T, PT, B_BUCKET,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BPT: tl.constexpr, ROW_BK: tl.constexpr, PREFETCH: tl.constexpr,
+    USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
+    HAS_NUM_NODES: tl.constexpr, HAS_PENDING: tl.constexpr, PENDING_L2NORM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, K_TF32: tl.constexpr, FOLD_ROWS: tl.constexpr,
+    HAS_STATE_INDICES: tl.constexpr, HAS_TABLES: tl.constexpr,
+):
+    i_v, i_b, i_b64, i_hv, i_h = _program(H, HV)
+    h0, pu, pk, pg, ppar, pacc = _request_bases(i_b, i_b64, h0, pu, pk, pg, ppar, pacc, state_idx, stride_hb,
+                                                stride_pu, stride_pk, stride_pg, stride_ppb, HAS_STATE_INDICES)
+    o_t = tl.arange(0, BT)
+    o_d = tl.arange(0, BD)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    # PREFETCH: the first state chunk's load goes out before anything that waits on memory, each later one
+    # while the chunk before is folded and multiplied
+    p_h = h0 + i_hv * V * K + o_v[None, :] * K
+    if PREFETCH:
+        o_k0 = tl.arange(0, BK)
+        b_h_next = tl.load(p_h + o_k0[:, None], mask=(o_k0 < K)[:, None] & m_v[None, :], other=0)
+    n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
+    m_t = o_t < n_b
+    if not HAS_TABLES:
+        b_anc, b_x, b_wt, b_ck, b_cq, b_beta, n_depth = _tables(q, k, g, beta, parents, i_b64, i_hv, i_h, m_t,
+                                                                stride_pb, scale, T, H, HV, K, BT, BD, ROW_BK,
+                                                                USE_QK_L2NORM_IN_KERNEL)
+    if HAS_PENDING:
+        a, o_p, rank, n_path, b_C, b_w = _pending_path(0, 0, i_hv, pg, ppar, pacc, 0, PT, HV, BPT)
+        b_w = b_w * _pending_key_scale(0, i_h, pk, o_p, rank, PT, H, K, BPT, PENDING_L2NORM)
+    p_qk = (i_b64 * T + o_t) * H + i_h
 
     # per key chunk: the state tile read, folded and written once; K S^T and Q S^T on tensor cores
     b_xk = tl.zeros([BT, BV], dtype=tl.float32)
@@ -269,6 +358,10 @@ def tree_verify_path_kernel(
         b_xk += _dot_fp32(b_k, b_h, DOT_PRECISION, SPLIT, K_TF32, False)
         b_xq = tl.dot(b_q, b_h, b_xq, input_precision=DOT_PRECISION)
 
+    if HAS_TABLES:  # written by path_tables_kernel for this (request, value head)
+        b_anc, b_x, b_wt, b_ck, b_cq, b_beta = _load_tables(tab, i_b64, i_hv, o_t, m_t, T, HV, BD)
+        n_depth = tl.max(tl.sum((b_anc >= 0).to(tl.int32), 1), 0) - 1
+
     # R, then u and o as sums of gathered rows of R along each node's path
     p_tv = (i_b64 * T + o_t[:, None]) * HV * V + i_hv * V + o_v[None, :]
     b_v = tl.load(v + p_tv, mask=m_t[:, None] & m_v[None, :], other=0).to(tl.float32)
@@ -289,23 +382,37 @@ def tree_verify_path_kernel(
 
 
 def path_fwd(q, k, v, g, beta, state, parents, stride_pb, num_nodes, pending, scale, use_qk_l2norm_in_kernel, o, u,
-             dot_precision, max_depth=None, config=None, state_indices=None):
+             dot_precision, max_depth=None, config=None, state_indices=None, split=False):
     """Launch the path kernel (inputs validated; parents int32 on the device; ``max_depth`` a bound on every
-    request's depth, or None for T - 1). Writes o and u, folds ``pending`` into the state."""
+    request's depth, or None for T - 1). Writes o and u, folds ``pending`` into the state.
+
+    ``split``: two launches, ``path_tables_kernel`` per (request, value head) and then the streaming kernel
+    reading its tables (``HAS_TABLES``), instead of the tables in every program's prologue. ``config``
+    pins the streaming kernel; the tables kernel then runs TABLE_CONFIGS[0]."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    prec, split = ("ieee", False) if dot_precision == "ieee" else ("tf32", dot_precision == "tf32")
+    BT, BD = max(16, triton.next_power_of_2(T)), depth_block(T, max_depth)
+    prec, tf32_split = ("ieee", False) if dot_precision == "ieee" else ("tf32", dot_precision == "tf32")
     pu, pk, pg, ppar, pacc, PT, stride_ppb, pl2, pending_strides = pending_args(pending, u)
+    nn = num_nodes if num_nodes is not None else parents
+    tab = u   # never read without HAS_TABLES
+    if split:
+        tab = torch.empty(B * HV * T * table_cols(BD), device=q.device, dtype=torch.float32)
+        tfn, ttuned = (path_tables_kernel, {}) if config is None else (
+            path_tables_kernel.fn, {"ROW_BK": TABLE_CONFIGS[0][0], "num_warps": TABLE_CONFIGS[0][1]})
+        tfn[(B * HV,)](q, k, g, beta, parents, nn, tab, stride_pb, scale, T, batch_bucket(B), H=H, HV=HV, K=K,
+                       BT=BT, BD=BD, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
+                       HAS_NUM_NODES=num_nodes is not None, **ttuned)
     fn, tuned = (tree_verify_path_kernel, {}) if config is None else (tree_verify_path_kernel.fn,
                                                                         dict(config.all_kwargs()))
     fn[lambda meta: (triton.cdiv(V, meta["BV"]), B * HV)](
-        q, k, v, g, beta, state, parents, num_nodes if num_nodes is not None else parents, o, u,
-        pu, pk, pg, ppar, pacc, u if state_indices is None else state_indices,
+        q, k, v, g, beta, state, parents, nn, o, u,
+        pu, pk, pg, ppar, pacc, u if state_indices is None else state_indices, tab,
         state.stride(0), stride_pb, stride_ppb, *pending_strides, scale, T, PT, batch_bucket(B),
-        H=H, HV=HV, K=K, V=V, BT=max(16, triton.next_power_of_2(T)), BD=depth_block(T, max_depth),
+        H=H, HV=HV, K=K, V=V, BT=BT, BD=BD,
         BPT=triton.next_power_of_2(max(PT, 2)), USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
         HAS_NUM_NODES=num_nodes is not None, HAS_PENDING=pending is not None, PENDING_L2NORM=pl2,
-        DOT_PRECISION=prec, SPLIT=split, K_TF32=k.dtype in (torch.bfloat16, torch.float16),
-        FOLD_ROWS=FOLD_ROWS, HAS_STATE_INDICES=state_indices is not None, **tuned,
+        DOT_PRECISION=prec, SPLIT=tf32_split, K_TF32=k.dtype in (torch.bfloat16, torch.float16),
+        FOLD_ROWS=FOLD_ROWS, HAS_STATE_INDICES=state_indices is not None, HAS_TABLES=split, **tuned,
     )
     return o, u

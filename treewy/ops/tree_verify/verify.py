@@ -14,13 +14,14 @@ from treewy.ops._triton import is_capturing
 from treewy.ops.checks import check_gdn_kernel_inputs, check_pending
 from treewy.ops.tree_verify.chain import chain_fwd, tree_verify_chain_kernel
 from treewy.ops.tree_verify.common import MAX_KERNEL_NODES
-from treewy.ops.tree_verify.path import path_fwd, tree_verify_path_kernel
+from treewy.ops.tree_verify.path import path_fwd, path_tables_kernel, tree_verify_path_kernel
 from treewy.ops.tree_verify.select import KERNELS, select_kernel
 from treewy.ops.tree_verify.tuning import check_dot_precision
 from treewy.tree import DraftTree, path_depth
 
 #: The kernels behind each family name (launch order), for profilers and the offline compiler.
-KERNEL_FNS = {"chain": (tree_verify_chain_kernel,), "path": (tree_verify_path_kernel,)}
+KERNEL_FNS = {"chain": (tree_verify_chain_kernel,), "path": (tree_verify_path_kernel,),
+              "path_split": (path_tables_kernel, tree_verify_path_kernel)}
 
 
 def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, use_qk_l2norm_in_kernel=False,
@@ -30,8 +31,8 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
 
     ``pending``: a PendingCommit whose parents and accepted are int32 device tensors (validated), or None;
     ``initial_state`` is then updated in place. ``chain``: the window is a chain (parents[t] = t - 1, not
-    checked here); with ``kernel`` None the family is ``select_kernel(T, B, chain)``. ``kernel``: "chain" or
-    "path" to force one. ``max_depth``: a bound on every request's tree depth (sizes the path kernel's tables;
+    checked here); with ``kernel`` None the family is ``select_kernel(T, B, chain)``. ``kernel``: one of
+    KERNELS to force it. ``max_depth``: a bound on every request's tree depth (sizes the path kernel's tables;
     None: T - 1, always enough; a window deeper than the bound gets NaN outputs, never wrong ones).
     ``dot_precision``: None (the device default, see tuning.default_dot_precision), "tf32", "ieee" or
     "tf32_plain". ``config``: a ``triton.Config`` of the tuned kernel to launch instead of the autotuned one.
@@ -51,7 +52,8 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
                          config=config, state_indices=state_indices)
     return path_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, num_nodes, pending, scale,
                     use_qk_l2norm_in_kernel, o, u, check_dot_precision(dot_precision, v.device),
-                    max_depth=T - 1 if chain else max_depth, config=config, state_indices=state_indices)
+                    max_depth=T - 1 if chain else max_depth, config=config, state_indices=state_indices,
+                    split=kernel == "path_split")
 
 
 def _window_depth(parents, par: torch.Tensor, capturing: bool) -> int | None:
@@ -84,8 +86,8 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     left as they are), then the window is verified from it. The next step's pending commit is
     ``PendingCommit(u, k, g, parents, accepted)`` of this window.
 
-    kernel: None (``select_kernel``), "chain" (chains only) or "path" (any tree). chain: None finds it from
-    ``parents`` (host data, or the device tensor outside capture); inside a CUDA-graph capture pass it
+    kernel: None (``select_kernel``), "chain" (chains only), "path" or "path_split" (any tree). chain: None finds
+    it from ``parents`` (host data, or the device tensor outside capture); inside a CUDA-graph capture pass it
     (True / False) so the capture picks the kernel an eager call picks. max_depth: None finds the windows'
     depth the same way; inside such a capture pass it too (a bound that does not hold gives NaN outputs, never
     wrong ones). dot_precision: see ``tree_verify_fwd``.
@@ -108,7 +110,7 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     elif values and depth is not None and depth > max_depth:
         raise ValueError(f"max_depth = {max_depth} but the window is {depth} deep; pass max_depth=None to "
                          "detect it")
-    if max_depth is None and capturing and not chain and kernel in (None, "path"):
+    if max_depth is None and capturing and not chain and kernel in (None, "path", "path_split"):
         raise ValueError("max_depth = None inside a CUDA-graph capture with device-tensor parents: pass the "
                          "windows' depth bound (DraftTree.max_depth) so the capture compiles the path kernel "
                          "an eager call compiles")
