@@ -158,9 +158,10 @@ class Bench:
         return 1e3 * triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
 
     def launches(self, fn, kernel):
-        """Kernel launches of one call (profiler); the family's planned count under --smoke."""
+        """(kernel launches of one call, how counted, {kernel name: us} of that eager call) by the profiler; the
+        family's planned count (and no times) under --smoke."""
         if self.smoke:
-            return LAUNCHES[kernel], "planned"
+            return LAUNCHES[kernel], "planned", {}
         try:
             from torch.profiler import ProfilerActivity, profile
 
@@ -169,11 +170,14 @@ class Bench:
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 fn()
                 torch.cuda.synchronize()
-            n = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-            return n, "profiled"
+            events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            times = {}
+            for e in events:
+                times[e.name] = times.get(e.name, 0.0) + e.time_range.elapsed_us()
+            return len(events), "profiled", times
         except Exception as e:  # noqa: BLE001
             self.notes.append(f"launch count by profiler failed ({e!r}); planned counts reported")
-            return LAUNCHES[kernel], "planned"
+            return LAUNCHES[kernel], "planned", {}
 
     def inputs(self, tree, B, state_dtype):
         d = self.dims
@@ -187,11 +191,12 @@ class Bench:
         x = self.inputs(tree, B, state_dtype)
         fn = step_fn("treewy", x, tree, kernel=kernel, dot_precision=dot_precision)
         us = self.time(fn)
-        n, how = self.launches(fn, kernel)
+        n, how, kernel_us = self.launches(fn, kernel)
         sb = torch.tensor([], dtype=state_dtype).element_size()
         nbytes = min_bytes("treewy", tree, B, d["H"], d["HV"], d["K"], d["V"], sb)
         row = dict(key=key, kernel=kernel, T=tree.num_nodes, B=B, state_dtype=str(state_dtype).removeprefix("torch."),
-                   dot_precision=dot_precision, us=us, launches=n, launches_how=how, min_bytes=nbytes,
+                   dot_precision=dot_precision, us=us, launches=n, launches_how=how, kernel_us=kernel_us,
+                   min_bytes=nbytes,
                    roofline_us=nbytes / COPY_BW * 1e6, roofline_fraction=nbytes / COPY_BW * 1e6 / us,
                    gbps=nbytes / (us * 1e-6) / 1e9)
         self.cases[f"{key} [{kernel}]" + (f" {dot_precision}" if dot_precision else "")] = row
@@ -386,6 +391,10 @@ def fmt(head, b: Bench):
     for key, r in b.cases.items():
         lines.append(f"{key:34s} {r['us']:9.1f} {r.get('launches', '-')!s:>6s} {r['roofline_us']:8.1f} "
                      f"{r['roofline_fraction']:5.2f} {r.get('gbps', float('nan')):6.0f}")
+    split = [(key, r) for key, r in b.cases.items() if len(r.get("kernel_us") or {}) > 1]
+    if split:   # where a step takes more than one launch: each kernel's share (profiler, one eager call)
+        lines += ["", "per kernel (profiler, one eager call, us):"]
+        lines += [f"  {key}: " + ", ".join(f"{name} {t:.1f}" for name, t in r["kernel_us"].items()) for key, r in split]
     lines += [""] + [f"note: {n}" for n in b.notes]
     return "\n".join(lines) + "\n"
 

@@ -175,9 +175,12 @@ def cmd_tiny(args) -> int:
     # block (144-160 tokens for this model) while running, so that a full pool preempts
     report["compile"] = {"graphs": args.graphs_compile, "preempt": args.compile}
     report["dtype"] = args.dtype
+    report["triton_f32"] = args.triton_f32
     dtype = ["--dtype", args.dtype]
     # vLLM's own GDN prefill refuses fp32: both modes get treewy's recurrent one (treewy.serve.fp32_prefill)
     extra_env = {"TREEWY_FP32_PREFILL": "1"} if args.dtype == "float32" else {}
+    if args.triton_f32 != "tf32":  # the default precision of tl.dot on fp32 tiles (vLLM's Triton attention)
+        extra_env["TRITON_F32_DEFAULT"] = args.triton_f32
     stages = (("graphs", dtype + compile_args(args.graphs_compile), (1, 32), 64, args.new_tokens),
               ("preempt", dtype + ["--num-gpu-blocks-override", str(args.preempt_blocks)] + compile_args(args.compile),
                (32,), args.preempt_seqs, args.preempt_tokens))
@@ -334,6 +337,9 @@ def main(argv=None) -> int:
     t.add_argument("--port", type=int, default=8011)
     t.add_argument("--compile", default="decode", choices=tuple(COMPILE), help="for the preemption stage")
     t.add_argument("--graphs-compile", default="default", choices=tuple(COMPILE), help="for the graphs stage")
+    t.add_argument("--triton-f32", default="tf32", choices=("tf32", "ieee"),
+                   help="TRITON_F32_DEFAULT for the servers: vLLM's Triton attention multiplies fp32 tiles with "
+                        "tl.dot, tf32 unless this says ieee (the 2026-11-30 fp32 run used tf32)")
     t.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
                    help="the model's dtype in vLLM and in treewy.decode.generate (float32: kernels that round "
                         "differently agree far below the smallest gap between the top two logits)")

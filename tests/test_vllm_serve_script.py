@@ -66,3 +66,42 @@ def test_sweep_resumes_a_checkpoint_and_reruns_failed_points_when_asked(tmp_path
     assert configs[0] == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     assert configs[1] == {**configs[0], "max_cudagraph_capture_size": 1024}
     assert mod.compile_args("default") == [] and "--compilation-config" in mod.compile_args("default", 1024)
+
+
+def test_tiny_in_fp32_serves_both_modes_with_the_fp32_prefill(tmp_path, monkeypatch):
+    """``tiny --dtype float32`` passes --dtype to every server, turns on treewy's fp32 prefill in both modes (vLLM
+    0.26's refuses fp32), optionally exact fp32 Triton dots, and generates the reference in fp32 too."""
+    import sys
+    import types
+
+    import torch
+
+    import treewy.serve.export as export
+
+    mod = _script()
+    calls, ref_dtypes = [], []
+    monkeypatch.setattr(export, "export_vllm", lambda *a, **k: str(tmp_path / "model"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "fake GPU")
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.26.0"))
+    prompt = [[1, 2, 3]]
+    monkeypatch.setattr("treewy.models.corpus.heldout_prompts", lambda *a, **k: prompt)
+
+    def serve(model_dir, mode, prompts, tokens, out, tag, extra, concs, seqs, port, extra_env):
+        calls.append((tag, mode, extra, extra_env))
+        return {"mode": mode, "tag": tag, "phases": {f"c{c}": _phase([[7] * 2], 1) for c in concs}}
+
+    monkeypatch.setattr(mod, "serve_phases", serve)
+    monkeypatch.setattr(mod, "treewy_outputs", lambda p, n, dtype: (ref_dtypes.append(dtype), [[7] * 2])[1])
+    assert mod.main(["tiny", "--out", str(tmp_path), "--dtype", "float32", "--triton-f32", "ieee",
+                     "--graphs-compile", "decode"]) == 0
+    assert [(t, m) for t, m, _, _ in calls] == [("graphs", "store_all"), ("graphs", "reconstruct"),
+                                                ("preempt", "store_all"), ("preempt", "reconstruct")]
+    for _, _, extra, env in calls:
+        assert extra[extra.index("--dtype") + 1] == "float32" and "--compilation-config" in extra
+        assert env == {"TREEWY_FP32_PREFILL": "1", "TRITON_F32_DEFAULT": "ieee"}
+    assert ref_dtypes == ["float32"]
+    report = json.loads((tmp_path / "tiny_store_all-reconstruct_float32.json").read_text())
+    assert report["dtype"] == "float32" and report["compile"] == {"graphs": "decode", "preempt": "decode"}
+    calls.clear()
+    assert mod.main(["tiny", "--out", str(tmp_path), "--stages", "graphs"]) == 0   # bf16: vLLM's own prefill
+    assert all(env == {} and "bfloat16" in extra for _, _, extra, env in calls)
