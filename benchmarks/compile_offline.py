@@ -5,6 +5,8 @@ spending GPU time; the register counts matched the H200's within a few registers
 
     TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel chain --BV 8 --warps 1 --stages 3
     TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel path --T 40 --BV 32 --BK 32 --warps 4 --ttgir
+    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel path --split --T 40 --BV 32 --BK 32 --warps 4
+    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel tables --T 40 --warps 4
     TRITON_INTERPRET=0 python benchmarks/compile_offline.py --all     # every config the launchers may pick
 
 Uses the ptxas and nvdisasm that ship with Triton's NVIDIA backend. Pointers and the state's batch
@@ -24,7 +26,7 @@ from collections import Counter
 OPS = ("FFMA", "FMUL", "FADD", "SHFL", "LDS", "STS", "LDSM", "BAR", "HMMA", "HGMMA", "LDG", "STG", "LDL", "STL", "MUFU")
 POINTERS = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", h0="*fp32", parents="*i32",
                 num_nodes="*i32", o="*bf16", u="*fp32", pu="*fp32", pk="*bf16", pg="*fp32", ppar="*i32",
-                pacc="*i32", state_idx="*i32")
+                pacc="*i32", state_idx="*i32", tab="*fp32")
 
 
 def compile_sm90(jit_fn, constexprs, pointers, num_warps, num_stages):
@@ -61,7 +63,7 @@ def report(ck):
                 shared=ck.metadata.shared, **{op: ops.get(op, 0) for op in OPS}, total=sum(ops.values()))
 
 
-KERNEL_NAMES = ("chain", "path")
+KERNEL_NAMES = ("chain", "path", "tables")
 
 
 def constexprs(args):
@@ -80,8 +82,12 @@ def constexprs(args):
     if args.kernel == "chain":
         return dict(H=args.H, HV=args.HV, K=args.K, V=args.V, BT=bt, BK=triton.next_power_of_2(args.K), BV=args.BV,
                     **flags, **pending)
+    if args.kernel == "tables":
+        return dict(H=args.H, HV=args.HV, K=args.K, BT=max(16, bt), BD=depth_block(args.T, args.depth),
+                    ROW_BK=args.row_bk, **flags)
     return dict(H=args.H, HV=args.HV, K=args.K, V=args.V, BT=max(16, bt), BD=depth_block(args.T, args.depth),
-                BK=args.BK or 64, BV=args.BV, ROW_BK=args.row_bk, PREFETCH=args.prefetch, **flags, **pending, **dots)
+                BK=args.BK or 64, BV=args.BV, ROW_BK=args.row_bk, PREFETCH=args.prefetch, **flags, **pending, **dots,
+                HAS_TABLES=args.split)
 
 
 def check_all():
@@ -95,19 +101,22 @@ def check_all():
     from treewy.ops.tree_verify.chain import _configs as chain_configs
     from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
     from treewy.ops.tree_verify.path import CONFIGS as PATH_CONFIGS
-    from treewy.ops.tree_verify.path import tree_verify_path_kernel
+    from treewy.ops.tree_verify.path import TABLE_CONFIGS, path_tables_kernel, tree_verify_path_kernel
 
     base = dict(H=16, HV=32, K=128, V=128, BK=None, fold_rows=None, l2norm=False, bf16_state=False, depth=3,
-                row_bk=32, prefetch=False)
+                row_bk=32, prefetch=False, split=False)
     jobs = [("chain", dict(T=4, PT=4, BV=c.kwargs["BV"], fold_rows=c.kwargs["FOLD_ROWS"], precision="tf32",
                            fp32_inputs=False), c.num_warps, c.num_stages) for c in chain_configs()]
     for T in (4, 15, 20, 40):
         BT = max(16, triton.next_power_of_2(T))
         for prec in ("tf32", "ieee"):
             for bv, bk, w, st, row_bk, prefetch in PATH_CONFIGS[(prec, BT)]:
-                jobs.append(("path", dict(T=T, PT=T, BV=bv, BK=bk, row_bk=row_bk, prefetch=prefetch, precision=prec,
-                                          fp32_inputs=False), w, st))
-    fns = {"chain": tree_verify_chain_kernel.fn, "path": tree_verify_path_kernel.fn}
+                for split in (False, True):   # the one-launch kernel, and the split launch's streaming kernel
+                    jobs.append(("path", dict(T=T, PT=T, BV=bv, BK=bk, row_bk=row_bk, prefetch=prefetch,
+                                              precision=prec, fp32_inputs=False, split=split), w, st))
+        for row_bk, w in TABLE_CONFIGS:
+            jobs.append(("tables", dict(T=T, PT=T, BV=0, row_bk=row_bk, precision="tf32", fp32_inputs=False), w, 1))
+    fns = {"chain": tree_verify_chain_kernel.fn, "path": tree_verify_path_kernel.fn, "tables": path_tables_kernel.fn}
     bad = 0
     for name, kw, warps, stages in jobs:
         args = SimpleNamespace(**{**base, **kw, "kernel": name})
@@ -118,7 +127,8 @@ def check_all():
         print(f"{name:10s} T={args.T:2d} {args.precision:4s} {'fp32' if args.fp32_inputs else 'bf16'} in  "
               f"BV={args.BV:3d} BK={args.BK or '-'!s:>3s} warps={warps} stages={stages}"
               + (f" fold rows {args.fold_rows}" if args.fold_rows else "")
-              + (f" row_bk {args.row_bk}{' prefetch' if args.prefetch else ''}" if name == "path" else "")
+              + (f" row_bk {args.row_bk}{' prefetch' if args.prefetch else ''}" if name != "chain" else "")
+              + (" split" if args.split else "")
               + ": registers "
               f"{rep['registers']:3d}, stack {rep['stack']}", flush=True)
     print(f"{len(jobs)} configs, {bad} with spills")
@@ -141,6 +151,8 @@ def main(argv=None):
     ap.add_argument("--depth", type=int, default=3, help="the window's depth bound (path kernel's tables)")
     ap.add_argument("--row-bk", type=int, default=32, help="path kernel: key chunk of the coefficient dot products")
     ap.add_argument("--prefetch", action="store_true", help="path kernel: state chunks loaded one chunk ahead")
+    ap.add_argument("--split", action="store_true",
+                    help="path kernel: the split launch's streaming kernel (tables read from the tables kernel)")
     ap.add_argument("--fold-rows", type=int, default=None, help="pending path rows folded per pass (default: fold.FOLD_ROWS)")
     ap.add_argument("--precision", default="tf32", choices=("tf32", "ieee", "tf32_plain"))
     ap.add_argument("--fp32-inputs", action="store_true", help="fp32 q, k, v (keys not exact in tf32)")
@@ -157,9 +169,10 @@ def main(argv=None):
         sys.exit(check_all())
 
     from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
-    from treewy.ops.tree_verify.path import tree_verify_path_kernel
+    from treewy.ops.tree_verify.path import path_tables_kernel, tree_verify_path_kernel
 
-    kern = {"chain": tree_verify_chain_kernel.fn, "path": tree_verify_path_kernel.fn}[args.kernel]
+    kern = {"chain": tree_verify_chain_kernel.fn, "path": tree_verify_path_kernel.fn,
+            "tables": path_tables_kernel.fn}[args.kernel]
     inputs = "*fp32" if args.fp32_inputs else "*bf16"
     pointers = {**POINTERS, "q": inputs, "k": inputs, "v": inputs, "o": inputs, "pk": inputs,
                 "h0": "*bf16" if args.bf16_state else "*fp32"}

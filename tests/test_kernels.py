@@ -371,7 +371,8 @@ def test_triton_imported_before_treewy_is_a_clear_error():
 
 def test_offline_compile_reports_registers_and_sass():
     """benchmarks/compile_offline.py compiles the verify kernels for sm_90 without a GPU (Triton's ptxas): the
-    chain kernel, and the WY stream kernel on tensor cores, without spills."""
+    chain kernel, the path kernel on tensor cores (one launch, and the split launch's two kernels), without
+    spills."""
     import ast
     import os
     import subprocess
@@ -382,7 +383,9 @@ def test_offline_compile_reports_registers_and_sass():
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(root), "TRITON_DEFAULT_FP_FUSION": "1"}
     tool = str(root / "benchmarks" / "compile_offline.py")
     for args, mma in ((["--kernel", "chain", "--BV", "8", "--K", "64", "--V", "64"], False),
-                      (["--kernel", "path", "--T", "4", "--BV", "32", "--BK", "64", "--warps", "4"], True)):
+                      (["--kernel", "path", "--T", "4", "--BV", "32", "--BK", "64", "--warps", "4"], True),
+                      (["--kernel", "path", "--split", "--T", "40", "--BV", "32", "--BK", "32", "--warps", "4"], True),
+                      (["--kernel", "tables", "--T", "40", "--warps", "4"], False)):
         out = subprocess.run([sys.executable, tool, *args], capture_output=True, text=True, env=env, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         rep = ast.literal_eval(out.stdout.strip().splitlines()[-1])
