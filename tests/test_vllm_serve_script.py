@@ -105,3 +105,27 @@ def test_tiny_in_fp32_serves_both_modes_with_the_fp32_prefill(tmp_path, monkeypa
     calls.clear()
     assert mod.main(["tiny", "--out", str(tmp_path), "--stages", "graphs"]) == 0   # bf16: vLLM's own prefill
     assert all(env == {} and "bfloat16" in extra for _, _, extra, env in calls)
+
+
+def test_tf32_probe_writes_attention_out_exactly_and_rounds_to_ten_bits():
+    """benchmarks/tf32_attention_probe.py: its written-out attention equals torch's (causal, GQA, masks), and its
+    tf32 roundings keep 10 mantissa bits (to nearest, and truncated)."""
+    import torch
+    import torch.nn.functional as F
+
+    spec = importlib.util.spec_from_file_location("probe", SCRIPT.parent / "tf32_attention_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 5, 8, generator=g) for h in (4, 2, 2))
+    exact = probe.attention_with(lambda x: x)
+    torch.testing.assert_close(exact(q, k, v, is_causal=True, enable_gqa=True),
+                               F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+    mask = torch.rand(5, 5, generator=g) > 0.3
+    mask.fill_diagonal_(True)
+    torch.testing.assert_close(exact(q, k[:, [0, 0, 1, 1]], v[:, [0, 0, 1, 1]], attn_mask=mask),
+                               F.scaled_dot_product_attention(q, k[:, [0, 0, 1, 1]], v[:, [0, 0, 1, 1]], attn_mask=mask))
+    x = torch.tensor([1 + 2 ** -11, 1 + 2 ** -12, -3.0 - 2 ** -9])   # a half ulp of tf32, a quarter, a whole one
+    assert probe.tf32_nearest(x).tolist() == [1 + 2 ** -10, 1.0, -3.0 - 2 ** -9]   # halves away from zero (cvt.rna)
+    assert probe.tf32_truncated(x).tolist() == [1.0, 1.0, -3.0 - 2 ** -9]
+    assert probe.tf32_nearest(torch.randn(100, generator=g)).view(torch.int32).bitwise_and(0x1FFF).eq(0).all()
