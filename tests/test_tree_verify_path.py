@@ -114,6 +114,10 @@ def test_configs_are_picked_by_window():
         got = _prune(configs, {"BT": key[1], "V": 128, "DOT_PRECISION": key[0], "B_BUCKET": 1})
         assert [_config_key(c) for c in got] == [want] and want in CONFIGS[key]
     assert len(_prune(configs, {"BT": 64, "V": 128, "DOT_PRECISION": "tf32", "B_BUCKET": 4})) > 1
+    for (prec, BT), want in CONFIGS.items():   # the split launch's streaming kernel: one stage only (spills)
+        got = _prune(configs, {"BT": BT, "V": 128, "DOT_PRECISION": prec, "HAS_TABLES": True})
+        assert got and all(c.num_stages == 1 for c in got)
+        assert sorted(_config_key(c) for c in got) == sorted(c for c in want if c[3] == 1)
 
 
 @pytest.mark.parametrize("kernel", ["path", "path_split"])

@@ -51,8 +51,9 @@ UNROLL_DEPTH = tl.constexpr(8)
 #: (BV, BK, warps, stages, ROW_BK, PREFETCH) the kernel is tuned over, per precision and padded window BT: ROW_BK
 #: is the key chunk of the coefficient tables' dot products (wider: fewer round trips, more registers), PREFETCH
 #: issues each state chunk's load before the work on the one before (the first before the tree walk). Each
-#: compiles for sm_90 without spills at depth 3 with Triton 3.9's ptxas (benchmarks/compile_offline.py --all:
-#: benchmarks/results/compile_offline_sm90_triton39_2026-11-30_path.txt), BT = 128 not checked. One stage from
+#: compiles for sm_90 without spills at depth 3 with Triton 3.9's ptxas, in one launch and (one-stage configs,
+#: see _prune) as the split launch's streaming kernel (benchmarks/compile_offline.py --all:
+#: benchmarks/results/compile_offline_sm90_triton39_2026-11-30_split.txt), BT = 128 not checked. One stage from
 #: BT = 64 on: two-stage configs of the removed WY stream kernel gave wrong outputs there with Triton 3.6
 #: (benchmarks/results/wy_stages_h200_2026-11-30.log).
 CONFIGS = {
@@ -108,10 +109,12 @@ SINGLE_REQUEST = {("tf32", 64): (32, 64, 4, 1, 32, False), ("tf32", 16): (32, 12
 
 def _prune(configs, named_args, **kwargs):
     """The configs listed for the launch's precision and padded window BT (and no wider than V); one request
-    runs its SINGLE_REQUEST config where there is one."""
+    runs its SINGLE_REQUEST config where there is one; the split launch's streaming kernel only one-stage ones."""
     args = {**named_args, **kwargs}
     key = (args["DOT_PRECISION"], args["BT"])
     keep = (SINGLE_REQUEST[key],) if args.get("B_BUCKET") == 1 and key in SINGLE_REQUEST else CONFIGS[key]
+    if args.get("HAS_TABLES"):  # two stages spill in the split launch's streaming kernel (compile_offline.py --all)
+        keep = tuple(c for c in keep if c[3] == 1)
     return [c for c in fit_v(configs, named_args, **kwargs) if _config_key(c) in keep] or configs[:1]
 
 
@@ -200,14 +203,12 @@ def _path_coefficients(b_anc, b_G, b_beta, b_KK, b_QK, b_qq, m_t, n_depth, scale
 
 
 @triton.jit
-def _tables(q, k, g, beta, parents, i_b64, i_hv, i_h, m_t, stride_pb, scale, T, H: tl.constexpr, HV: tl.constexpr,
-            K: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, ROW_BK: tl.constexpr,
-            USE_QK_L2NORM_IN_KERNEL: tl.constexpr):
-    """Everything of a (request, value head) that does not depend on the state or the values: (ancestors a_j,
-    x_j, w_j [BT, BD], beta exp(G) / ||k||, scale exp(G) / ||q||, beta [BT], depth)."""
+def _tables(q, k, b_anc, b_G, b_beta, n_depth, i_b64, i_h, m_t, scale, T, H: tl.constexpr, K: tl.constexpr,
+            BT: tl.constexpr, BD: tl.constexpr, ROW_BK: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):
+    """With the walk's ancestors and path cumsums, the rest of what a (request, value head) needs that does not
+    depend on the state or the values: (x_j, w_j [BT, BD], beta exp(G) / ||k||, scale exp(G) / ||q|| [BT])."""
     o_t = tl.arange(0, BT)
     o_d = tl.arange(0, BD)
-    b_anc, b_G, b_beta, n_depth = _walk(parents, g, beta, i_b64, i_hv, m_t, stride_pb, T, HV, BT, BD)
     # each node's key and query against its own and its ancestors' keys, in exact fp32 (rows from global
     # memory, the ancestors' gathered; one chunk's loads issued together)
     b_KK = tl.zeros([BT, BD], dtype=tl.float32)
@@ -230,9 +231,7 @@ def _tables(q, k, g, beta, parents, i_b64, i_hv, i_h, m_t, stride_pb, scale, T, 
         else:
             for j in range(1, n_depth + 1):
                 b_KK, b_QK = _ancestor_dots(b_KK, b_QK, b_k, b_q, k, b_anc, o_d, j, i_b64, i_h, o_k, m_k, T, H, K)
-    b_x, b_wt, b_ck, b_cq = _path_coefficients(b_anc, b_G, b_beta, b_KK, b_QK, b_qq, m_t, n_depth, scale, BD,
-                                               USE_QK_L2NORM_IN_KERNEL)
-    return b_anc, b_x, b_wt, b_ck, b_cq, b_beta, n_depth
+    return _path_coefficients(b_anc, b_G, b_beta, b_KK, b_QK, b_qq, m_t, n_depth, scale, BD, USE_QK_L2NORM_IN_KERNEL)
 
 
 @triton.jit
@@ -279,9 +278,9 @@ def path_tables_kernel(q, k, g, beta, parents, num_nodes, tab, stride_pb, scale,
     o_d = tl.arange(0, BD)
     n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
     m_t = o_t < n_b
-    b_anc, b_x, b_wt, b_ck, b_cq, b_beta, n_depth = _tables(q, k, g, beta, parents, i_b64, i_hv, i_h, m_t,
-                                                            stride_pb, scale, T, H, HV, K, BT, BD, ROW_BK,
-                                                            USE_QK_L2NORM_IN_KERNEL)
+    b_anc, b_G, b_beta, n_depth = _walk(parents, g, beta, i_b64, i_hv, m_t, stride_pb, T, HV, BT, BD)
+    b_x, b_wt, b_ck, b_cq = _tables(q, k, b_anc, b_G, b_beta, n_depth, i_b64, i_h, m_t, scale, T, H, K, BT, BD,
+                                    ROW_BK, USE_QK_L2NORM_IN_KERNEL)
     if n_depth >= BD:
         b_x = b_x + float("nan")
         b_wt = b_wt + float("nan")
@@ -326,12 +325,13 @@ def tree_verify_path_kernel(
     n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
     m_t = o_t < n_b
     if not HAS_TABLES:
-        b_anc, b_x, b_wt, b_ck, b_cq, b_beta, n_depth = _tables(q, k, g, beta, parents, i_b64, i_hv, i_h, m_t,
-                                                                stride_pb, scale, T, H, HV, K, BT, BD, ROW_BK,
-                                                                USE_QK_L2NORM_IN_KERNEL)
+        b_anc, b_G, b_beta, n_depth = _walk(parents, g, beta, i_b64, i_hv, m_t, stride_pb, T, HV, BT, BD)
     if HAS_PENDING:
         a, o_p, rank, n_path, b_C, b_w = _pending_path(0, 0, i_hv, pg, ppar, pacc, 0, PT, HV, BPT)
         b_w = b_w * _pending_key_scale(0, i_h, pk, o_p, rank, PT, H, K, BPT, PENDING_L2NORM)
+    if not HAS_TABLES:
+        b_x, b_wt, b_ck, b_cq = _tables(q, k, b_anc, b_G, b_beta, n_depth, i_b64, i_h, m_t, scale, T, H, K, BT, BD,
+                                        ROW_BK, USE_QK_L2NORM_IN_KERNEL)
     p_qk = (i_b64 * T + o_t) * H + i_h
 
     # per key chunk: the state tile read, folded and written once; K S^T and Q S^T on tensor cores
