@@ -19,6 +19,7 @@ import torch
 
 from treewy.ops.naive import gdn_step
 from treewy.serve import vllm_adapter as adapter
+from treewy.serve.reconstruct import pack_index
 
 ENV = "TREEWY_FP32_PREFILL"
 _PATCHED = "_treewy_fp32_prefill"
@@ -45,12 +46,10 @@ def recurrent_prefill(q, k, v, g, beta, initial_state, output_final_state, cu_se
         cu = cu_seqlens.long()
     N, H, K = q.shape[1:]
     HV = v.shape[2]
-    lens = (cu[1:] - cu[:-1]).tolist()
-    B, L = len(lens), max(lens, default=0)
+    B = cu.numel() - 1
+    L = int((cu[1:] - cu[:-1]).max()) if B else 0
     dt = q.dtype
-    t = torch.arange(L, device=q.device)
-    live = t[None, :] < torch.tensor(lens, device=q.device)[:, None]                     # [B, L]
-    src = torch.where(live, cu[:-1, None] + t[None, :], torch.zeros_like(live, dtype=torch.long))
+    src, live, _ = pack_index(cu, B, L)                                                  # [B, L]
 
     def padded(x):  # [1, N, ...] -> [B, L, ...]
         return x[0][src]
