@@ -29,9 +29,11 @@ from treewy.tree import DraftTree
 
 CHAIN3 = DraftTree.chain(3)
 TREE333 = DraftTree.from_widths((3, 3, 3))
-CASES = {  # name: (tree, B, kernel families)
+CASES = {  # name: (tree, B, kernel families); path_split: its streaming kernel's configs (tables kernel pinned)
     "chain3 B256": (CHAIN3, 256, ("chain", "path")),
-    "333 B256": (TREE333, 256, ("path",)),
+    "333 B256": (TREE333, 256, ("path", "path_split")),
+    "222 B256": (DraftTree.from_widths((2, 2, 2)), 256, ("path_split",)),
+    "333 B64": (TREE333, 64, ("path_split",)),
     "chain3 B1": (CHAIN3, 1, ("chain", "path")),
     "333 B1": (TREE333, 1, ("path",)),
 }
@@ -73,8 +75,9 @@ def time_configs(args, log):
                 continue
             kern = KERNEL_FNS[name][-1]  # the autotuned kernel of the family
             bt = triton.next_power_of_2(BT)
-            bt = max(16, bt) if name == "path" else bt
-            cfgs = kern.early_config_prune(kern.configs, {"BT": bt, "K": K, "V": V, "DOT_PRECISION": "tf32"})
+            bt = max(16, bt) if name.startswith("path") else bt
+            cfgs = kern.early_config_prune(kern.configs, {"BT": bt, "K": K, "V": V, "DOT_PRECISION": "tf32",
+                                                          "HAS_TABLES": name == "path_split"})
             for cfg in cfgs:
                 if time.time() - t0 > args.deadline:
                     log(f"deadline {args.deadline} s reached: {case} {name} {cfg} and later configs not timed")

@@ -75,6 +75,16 @@ def test_page_is_one_block_with_an_aligned_stash(tp, k):
     assert offset < (1 + k) * stock_page / 1.8    # vs the 1 + k stock pages store-all holds
 
 
+def test_reconstruct_holds_no_speculative_blocks_unless_equal_blocks_is_asked(monkeypatch):
+    """One block per request by default; TREEWY_EQUAL_BLOCKS=1 (the preemption test's setting) keeps store-all's k."""
+    monkeypatch.delenv("TREEWY_EQUAL_BLOCKS", raising=False)
+    assert plugin.speculative_blocks(3) == 0
+    monkeypatch.setenv("TREEWY_EQUAL_BLOCKS", "1")
+    assert plugin.speculative_blocks(3) == 3
+    monkeypatch.setenv("TREEWY_EQUAL_BLOCKS", "0")
+    assert plugin.speculative_blocks(3) == 0
+
+
 @pytest.mark.skipif(not os.environ.get("TREEWY_VLLM_SRC"), reason="set TREEWY_VLLM_SRC to an unpacked vllm wheel")
 def test_names_exist_in_vllm_source():
     line = os.environ.get("TREEWY_VLLM_LINE", "0.33")

@@ -4,6 +4,8 @@ Registered through ``[project.entry-points."vllm.general_plugins"] treewy``; vLL
 in every process. It does nothing unless ``TREEWY_MODE=reconstruct`` (the launcher sets it, and
 ``VLLM_PLUGINS=treewy``), so installing treewy next to vLLM leaves stock store-all serving untouched.
 ``TREEWY_FP32_PREFILL=1`` (either mode) swaps in ``fp32_prefill`` so that a model serves in fp32.
+``TREEWY_EQUAL_BLOCKS=1`` (a test setting) keeps store-all's k speculative blocks per request, unused, so that
+both modes allocate alike and schedule alike (see ``speculative_blocks``).
 
 What ``register()`` does in reconstruct mode (vLLM is imported here, never at treewy import):
 
@@ -38,6 +40,14 @@ _ACTIVE_LAYER = contextvars.ContextVar("treewy_active_gdn_layer", default=None)
 
 def enabled() -> bool:
     return os.environ.get("TREEWY_MODE", "store_all") == "reconstruct"
+
+
+def speculative_blocks(num_spec: int) -> int:
+    """Blocks a reconstruct request holds beyond its one state block: none, or with ``TREEWY_EQUAL_BLOCKS=1``
+    store-all's ``num_spec``, unused. That gives back the memory the mode saves; it exists so that a test can run
+    both modes with the same blocks per request (and the same ``--block-size``), where vLLM then preempts the
+    same requests at the same steps and the spec-decode counters must agree."""
+    return num_spec if os.environ.get("TREEWY_EQUAL_BLOCKS", "0") == "1" else 0
 
 
 def page_layout(stock_shapes, stock_dtypes, *, tp: int, num_k_heads: int, num_v_heads: int, head_k_dim: int,
@@ -136,7 +146,8 @@ def _layer_class(gdn):
                 shapes, dtypes = page_layout(spec.shapes, spec.dtypes, tp=self.tp_size, num_k_heads=self.num_k_heads,
                                              num_v_heads=self.num_v_heads, head_k_dim=self.head_k_dim,
                                              head_v_dim=self.head_v_dim, num_spec=self.num_spec)
-                spec = dataclasses.replace(spec, shapes=shapes, dtypes=dtypes, num_speculative_blocks=0)
+                spec = dataclasses.replace(spec, shapes=shapes, dtypes=dtypes,
+                                           num_speculative_blocks=speculative_blocks(self.num_spec))
             return spec
 
         def treewy_pools(self) -> ReconstructPools:
@@ -150,9 +161,11 @@ def _layer_class(gdn):
                 # vLLM's prefill / plain-decode kernels read these slots' state directly
                 flush_slots(self.treewy_pools(), md.non_spec_state_indices_tensor)
             idx = getattr(md, "spec_state_indices_tensor", None)
-            if idx is not None and idx.shape[-1] < self.num_spec + 1:
-                # one block per request makes the block table 1 wide, but vLLM's spec conv reads the window
-                # length from its width (causal_conv1d_update's max_query_len): widen it as a view of column 0
+            if idx is not None:
+                # every spec row's state and conv window live in the request's first block: one block per
+                # request makes the block table 1 wide (TREEWY_EQUAL_BLOCKS: k + 1, the rest unused), but vLLM's
+                # spec conv reads the window length from its width (causal_conv1d_update's max_query_len), so
+                # it becomes k + 1 views of column 0
                 md.spec_state_indices_tensor = idx[:, :1].expand(-1, self.num_spec + 1)
             token = _ACTIVE_LAYER.set(self)
             try:
