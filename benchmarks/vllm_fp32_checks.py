@@ -18,6 +18,8 @@ queued before the first step and the schedule is a function of the inputs alone.
 speculative blocks, unused), so a pool of ``--blocks`` blocks preempts the same requests at the same steps as
 long as the two modes accept the same drafts. Writes the outputs, the spec-decode counters and the preemptions of
 each mode, and compares them with each other and with ``treewy.decode.generate`` (fp32, CUDA).
+
+``ties`` (CPU): for a ``preempt`` report, the fp64 model's logit gap wherever an output parts from treewy's.
 """
 
 from __future__ import annotations
@@ -225,6 +227,40 @@ def verdict(report: dict) -> dict:
     return v
 
 
+def ties(report: dict) -> list[dict]:
+    """Every output of a ``preempt`` report that parts from ``treewy.decode.generate``: where, both tokens, and the
+    fp64 and fp32 tiny model's logit gap between them there (CPU). A gap far below the engines' measured fp32
+    deviation (``probe``) is a tie that either side may break."""
+    import torch
+
+    from benchmarks.common import first_difference
+    from treewy.models import load
+
+    rows, models = [], {dt: load("tiny", dtype=dt) for dt in (torch.float64, torch.float32)}
+    for mode, run in report["runs"].items():
+        for i, (out, ref) in enumerate(zip(run["outputs"], report["treewy_generate"])):
+            j = first_difference(out, ref)
+            if j is None:
+                continue
+            row = {"mode": mode, "prompt": i, "position": j, "vllm": out[j], "treewy": ref[j]}
+            for dt, m in models.items():
+                with torch.no_grad():
+                    lg = m(torch.tensor([report["prompts"][i] + ref[:j]])).logits[0, -1].double()
+                row[f"gap_{str(dt)[6:]}"] = float(lg[ref[j]] - lg[out[j]])
+            rows.append(row)
+    return rows
+
+
+def cmd_ties(args) -> int:
+    rows = ties(json.loads(Path(args.report).read_text()))
+    Path(args.report).with_suffix(".ties.json").write_text(json.dumps(rows, indent=1))
+    for r in rows:
+        print(f"{r['mode']:12s} prompt {r['prompt']:2d} token {r['position']:3d}: vLLM {r['vllm']}, "
+              f"treewy {r['treewy']}; logit[treewy] - logit[vLLM] = {r['gap_float64']:+.3g} (fp64), "
+              f"{r['gap_float32']:+.3g} (fp32)")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -245,12 +281,14 @@ def main(argv=None) -> int:
                          "the tiny model in fp32)")
     pe.add_argument("--max-num-seqs", type=int, default=16)
     pe.add_argument("--new-tokens", type=int, default=160)
+    t = sub.add_parser("ties", help="(CPU) the fp64 logit gap where a preempt report parts from treewy")
+    t.add_argument("report")
     w = sub.add_parser("worker")
     w.add_argument("job")
     args = p.parse_args(argv)
     if args.cmd == "worker":
         return worker(args.job)
-    return {"probe": cmd_probe, "preempt": cmd_preempt}[args.cmd](args)
+    return {"probe": cmd_probe, "preempt": cmd_preempt, "ties": cmd_ties}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -84,3 +84,20 @@ def test_probe_compares_every_scored_token_with_fp64():
     assert exact["vllm_vs_fp64"]["max"] == 0.0 and exact["vllm_vs_fp64"]["n"] == 5 * (5 + 1 + 3 + 1)
     assert 0 < exact["fp32_model_vs_fp64"]["max"] < 1e-4
     assert mod.probe_rows(probe(1e-3), plist, ref64, ref32)["vllm_vs_fp64"]["max"] == pytest.approx(1e-3)
+
+
+def test_ties_scores_where_an_output_parts_from_treewys():
+    """The gap is logit[treewy's token] - logit[vLLM's] of the fp64 model at the first differing position."""
+    mod = _script()
+    from treewy.models import load
+
+    prompt = [3, 1, 4, 1, 5]
+    with torch.no_grad():
+        lg = load("tiny", dtype=torch.float64)(torch.tensor([prompt])).logits[0, -1]
+    best, other = int(lg.argmax()), int(lg.argmin())
+    report = {"prompts": [prompt, prompt], "treewy_generate": [[best, 7], [best]],
+              "runs": {"store_all": {"outputs": [[other, 7], [best]]}}}
+    (row,) = mod.ties(report)
+    assert (row["prompt"], row["position"], row["vllm"], row["treewy"]) == (0, 0, other, best)
+    assert row["gap_float64"] == pytest.approx(float(lg[best] - lg[other]))
+    assert abs(row["gap_float32"] - row["gap_float64"]) < 1e-3
