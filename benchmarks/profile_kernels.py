@@ -126,7 +126,8 @@ def ncu_pass(args, log, path):
                             **{k: v for k, v in r["kwargs"].items() if k in ("num_warps", "num_stages")})
         x = make(B, tree.num_nodes, H, HV, K, V, torch.float32)
         steps.append((f"treewy {case} [{name}] {cfg}", step_fn("treewy", x, tree, kernel=name, config=cfg)))
-    for prov, tree in (("fla", CHAIN3), ("store_all", CHAIN3), ("fla", DraftTree.chain(0))):
+    peers = () if args.kernels else (("fla", CHAIN3), ("store_all", CHAIN3), ("fla", DraftTree.chain(0)))
+    for prov, tree in peers:  # with --kernels, only those kernels
         x = make(256, tree.num_nodes, H, HV, K, V, torch.float32)
         steps.append((f"{prov} T={tree.num_nodes} B256", step_fn(prov, x, tree)))
     for _, fn in steps:  # compile (and autotune fla) before profiling starts
