@@ -155,6 +155,28 @@ def test_chain_kernel_folds_the_same_with_every_fold_width(rows):
     assert rel(state, rS) < 1e-6 and rel(o, ro) < 1e-5 and rel(u, ru) < 1e-5
 
 
+@pytest.mark.parametrize("kernel", ["path", "path_split"])
+def test_path_kernels_fold_paths_longer_than_fold_pad(kernel):
+    """The path kernels fold a pending path's first FOLD_PAD rows as one product per chunk and the rest row by
+    row: a 20-row path (and a 3-row one beside it, and an idle slot) gives the fp64 step."""
+    from treewy.ops.tree_verify.fold import FOLD_PAD
+
+    gen = torch.Generator().manual_seed(20)
+    B, H, HV, K, V = 3, 1, 2, 20, 24
+    prev, new = DraftTree.chain(FOLD_PAD + 5).parents, DraftTree.from_widths((2, 2)).parents
+    S, pend, (q, k, v, g, beta), _ = case_step(B, H, HV, K, V, prev, new, gen)
+    acc = torch.tensor([FOLD_PAD + 3, 2, -1], device=DEVICE, dtype=torch.int32)   # paths of 20 and 3 rows
+    pend = PendingCommit(pend.u, pend.k, pend.g, pend.parents.to(torch.int32), acc)
+    ro, ru, rS = naive_tree_step(q.double(), k.double(), v.double(), g.double(), beta.double(), S.double(), new,
+                                 pending=PendingCommit(pend.u.double(), pend.k.double(), pend.g.double(), prev,
+                                                       acc.cpu()))
+    state = S.clone()
+    o, u = tree_verify_fwd(q, k, v, g, beta, state, new.to(DEVICE, torch.int32), 0, K ** -0.5, pending=pend,
+                           kernel=kernel)
+    o_tol = 3e-3 if default_dot_precision(DEVICE) == "tf32" else 1e-5
+    assert rel(state, rS) < 1e-6 and rel(o, ro) < o_tol and rel(u, ru) < 1e-5
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_every_kernel_honours_num_nodes_and_bf16_state(kernel):
     """Windows cut short per request (0 = idle slot: zeros), the state stored in bf16 (rounded once, verified

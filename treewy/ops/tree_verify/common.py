@@ -73,18 +73,18 @@ def _tf32_hi(b_x):
 
 
 @triton.jit
-def _dot_fp32(b_a, b_b, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, A_TF32: tl.constexpr,
+def _dot_fp32(b_a, b_b, b_acc, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, A_TF32: tl.constexpr,
               B_TF32: tl.constexpr):
-    """a @ b with fp32-level error for products that feed the committed state.
+    """b_acc + a @ b with fp32-level error for products that feed the committed state.
 
     "ieee": plain fp32 products (no tensor cores: the sm_75 path). "tf32" with SPLIT: each operand that is
     not already exact in tf32 (A_TF32 / B_TF32: bf16 or fp16 inputs are) is split into hi + lo and the
     cross terms are added, so the error is that of the lo parts' rounding, ~2^-21 relative: two tensor-core
     passes with bf16 keys, three with fp32 ones. "tf32" without SPLIT: one plain tf32 pass (~2^-11)."""
     if DOT_PRECISION == "ieee":
-        return tl.dot(b_a, b_b, input_precision="ieee")
+        return tl.dot(b_a, b_b, b_acc, input_precision="ieee")
     if not SPLIT:
-        return tl.dot(b_a, b_b, input_precision="tf32")
+        return tl.dot(b_a, b_b, b_acc, input_precision="tf32")
     if A_TF32:
         a_hi = b_a
     else:
@@ -93,7 +93,7 @@ def _dot_fp32(b_a, b_b, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, A_TF32
         b_hi = b_b
     else:
         b_hi = _tf32_hi(b_b)
-    b_c = tl.dot(a_hi, b_hi, input_precision="tf32")
+    b_c = tl.dot(a_hi, b_hi, b_acc, input_precision="tf32")
     if not B_TF32:
         b_c = tl.dot(a_hi, b_b - b_hi, b_c, input_precision="tf32")
     if not A_TF32:

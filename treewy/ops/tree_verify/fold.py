@@ -21,6 +21,11 @@ from treewy.ops.tree_verify.common import _gather
 #: loads), and a path of d + 1 rows takes ceil((d + 1) / FOLD_ROWS) passes. 4 covers every depth-3 tree.
 FOLD_ROWS = 4
 
+#: Path rows the path kernel folds as one small product per state chunk (``_fold_rows`` once per program, then
+#: ``_fold_chunk``): 16, the smallest inner size of ``tl.dot``; rows past it (paths of 17 nodes or more) take
+#: ``_fold_tile``'s loop.
+FOLD_PAD = 16
+
 
 @triton.jit
 def _request_bases(i_b, i_b64, h0, pu, pk, pg, ppar, pacc, state_idx, stride_hb, stride_pu, stride_pk, stride_pg,
@@ -73,11 +78,13 @@ def _pending_key_scale(i_b64, i_h, pk, o_p, rank, PT, H: tl.constexpr, K: tl.con
 @triton.jit
 def _fold_tile(b_h, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, o_p, rank, n_path, b_C, b_w, PT,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, FOLD_ROWS: tl.constexpr,
-               TRANSPOSED: tl.constexpr):
+               TRANSPOSED: tl.constexpr, FIRST_ROW: tl.constexpr = 0):
     """exp(G_a) S0 + sum over the path of w_i u_i k_i^T on a state tile: [BV, BK] (o_v, o_k), or [BK, BV]
-    with TRANSPOSED. b_w holds exp(G_a - G_i) / ||k_i|| per slot."""
-    b_h = b_h * tl.exp(b_C)
-    for j0 in range(0, n_path, FOLD_ROWS):
+    with TRANSPOSED. b_w holds exp(G_a - G_i) / ||k_i|| per slot. FIRST_ROW > 0: the decay and the rows before
+    it are already folded (``_fold_chunk``), only the rest of the path is added."""
+    if FIRST_ROW == 0:
+        b_h = b_h * tl.exp(b_C)
+    for j0 in range(FIRST_ROW, n_path, FOLD_ROWS):
         for jj in tl.static_range(FOLD_ROWS):
             sel = rank == j0 + jj
             row = i_b64 * PT + tl.sum(tl.where(sel, o_p, 0), 0)
@@ -91,3 +98,28 @@ def _fold_tile(b_h, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, o_p, rank, n_p
             else:
                 b_h += b_u[:, None] * b_k[None, :]
     return b_h
+
+
+@triton.jit
+def _fold_rows(i_hv, o_v, m_v, pu, o_p, rank, b_w, HV: tl.constexpr, V: tl.constexpr, FOLD_PAD: tl.constexpr):
+    """Once per program of a kernel that folds many chunks of one value tile: the path's first FOLD_PAD slots in
+    rank order (-1 past the path) and their u rows times exp(G_a - G_i) / ||k_i|| ([FOLD_PAD, BV], 0 past the
+    path). Selecting the rows once keeps the per-chunk fold free of reductions."""
+    o_f = tl.arange(0, FOLD_PAD)
+    sel = rank[None, :] == o_f[:, None]
+    b_slot = tl.sum(tl.where(sel, o_p[None, :] + 1, 0), 1) - 1
+    b_wf = tl.sum(tl.where(sel, b_w[None, :], 0.0), 1)
+    on = b_slot >= 0
+    b_u = tl.load(pu + (tl.maximum(b_slot, 0)[:, None] * HV + i_hv) * V + o_v[None, :],
+                  mask=on[:, None] & m_v[None, :], other=0).to(tl.float32)
+    return b_slot, b_u * b_wf[:, None]
+
+
+@triton.jit
+def _fold_chunk(b_h, i_h, o_k, m_k, pk, b_slot, b_uw, b_C, H: tl.constexpr, K: tl.constexpr):
+    """exp(G_a) S0 + the path's first FOLD_PAD rank-one updates on a [BK, BV] chunk (k rows [BK, FOLD_PAD] times
+    ``_fold_rows``' u rows, in fp32 FMAs)."""
+    on = b_slot >= 0
+    b_k = tl.load(pk + (tl.maximum(b_slot, 0)[None, :] * H + i_h) * K + o_k[:, None],
+                  mask=m_k[:, None] & on[None, :], other=0).to(tl.float32)
+    return tl.dot(b_k, b_uw, b_h * tl.exp(b_C), input_precision="ieee")
