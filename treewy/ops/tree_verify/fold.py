@@ -24,7 +24,7 @@ FOLD_ROWS = 4
 #: Path rows the path kernel folds as one small product per state chunk (``_fold_rows`` once per program, then
 #: ``_fold_chunk``): 16, the smallest inner size of ``tl.dot``; rows past it (paths of 17 nodes or more) take
 #: ``_fold_tile``'s loop.
-FOLD_PAD = 16
+FOLD_PAD = tl.constexpr(16)
 
 
 @triton.jit
