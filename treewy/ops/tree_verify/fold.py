@@ -21,10 +21,9 @@ from treewy.ops.tree_verify.common import _gather
 #: loads), and a path of d + 1 rows takes ceil((d + 1) / FOLD_ROWS) passes. 4 covers every depth-3 tree.
 FOLD_ROWS = 4
 
-#: Path rows the path kernel folds as one small product per state chunk (``_fold_rows`` once per program, then
-#: ``_fold_chunk``): 16, the smallest inner size of ``tl.dot``; rows past it (paths of 17 nodes or more) take
-#: ``_fold_tile``'s loop.
-FOLD_PAD = tl.constexpr(16)
+#: Path rows the path kernel selects once per program (``_fold_rows``) and folds per state chunk as a sum of
+#: FOLD_PAD rank-one updates (``_fold_chunk``); rows past it (paths of 5 nodes or more) take ``_fold_tile``'s loop.
+FOLD_PAD = tl.constexpr(4)
 
 
 @triton.jit
@@ -117,9 +116,9 @@ def _fold_rows(i_hv, o_v, m_v, pu, o_p, rank, b_w, HV: tl.constexpr, V: tl.const
 
 @triton.jit
 def _fold_chunk(b_h, i_h, o_k, m_k, pk, b_slot, b_uw, b_C, H: tl.constexpr, K: tl.constexpr):
-    """exp(G_a) S0 + the path's first FOLD_PAD rank-one updates on a [BK, BV] chunk (k rows [BK, FOLD_PAD] times
-    ``_fold_rows``' u rows, in fp32 FMAs)."""
+    """exp(G_a) S0 + the path's first FOLD_PAD rank-one updates on a [BK, BV] chunk (k rows [FOLD_PAD, BK] with
+    ``_fold_rows``' u rows, fp32 products summed over the rows)."""
     on = b_slot >= 0
-    b_k = tl.load(pk + (tl.maximum(b_slot, 0)[None, :] * H + i_h) * K + o_k[:, None],
-                  mask=m_k[:, None] & on[None, :], other=0).to(tl.float32)
-    return tl.dot(b_k, b_uw, b_h * tl.exp(b_C), input_precision="ieee")
+    b_k = tl.load(pk + (tl.maximum(b_slot, 0)[:, None] * H + i_h) * K + o_k[None, :],
+                  mask=on[:, None] & m_k[None, :], other=0).to(tl.float32)
+    return b_h * tl.exp(b_C) + tl.sum(b_k[:, :, None] * b_uw[:, None, :], 0)
