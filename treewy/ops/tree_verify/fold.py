@@ -25,6 +25,13 @@ FOLD_ROWS = 4
 #: FOLD_PAD rank-one updates (``_fold_chunk``); rows past it (paths of 5 nodes or more) take ``_fold_tile``'s loop.
 FOLD_PAD = tl.constexpr(4)
 
+#: Pending windows of at least this many slots (BPT) fold through ``_fold_rows`` / ``_fold_chunk`` in the path
+#: kernels; narrower ones row by row (``_fold_tile``), where selecting a row costs less than holding the
+#: hoisted rows. H200, 2026-11-30 (benchmarks/results/profile_configs_fold_h200_2026-11-30.txt): a (3,3,3)
+#: window (64 slots) gained 16 % in the split launch at B = 256 (1802 -> 1508 us); a (2,2,2) one (16 slots)
+#: lost 8 % (682 -> 735 us).
+HOIST_FOLD_SLOTS = tl.constexpr(32)
+
 
 @triton.jit
 def _request_bases(i_b, i_b64, h0, pu, pk, pg, ppar, pacc, state_idx, stride_hb, stride_pu, stride_pk, stride_pg,

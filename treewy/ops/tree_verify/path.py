@@ -46,8 +46,8 @@ import triton.language as tl
 
 from treewy.ops._triton import INTERPRET
 from treewy.ops.tree_verify.common import _dot_fp32, _program, _tf32_hi
-from treewy.ops.tree_verify.fold import (FOLD_PAD, FOLD_ROWS, _fold_chunk, _fold_rows, _fold_tile, _pending_key_scale,
-                                         _pending_path, _request_bases)
+from treewy.ops.tree_verify.fold import (FOLD_PAD, FOLD_ROWS, HOIST_FOLD_SLOTS, _fold_chunk, _fold_rows, _fold_tile,
+                                         _pending_key_scale, _pending_path, _request_bases)
 from treewy.ops.tree_verify.tuning import AUTOTUNE_EXTRA, KEY_DOTS, batch_bucket, fit_v, pending_args
 
 #: Depth bounds up to which the ancestors' key rows of a chunk are loaded in one unrolled batch (deeper tables
@@ -333,7 +333,8 @@ def tree_verify_path_kernel(
     if HAS_PENDING:
         a, o_p, rank, n_path, b_C, b_w = _pending_path(0, 0, i_hv, pg, ppar, pacc, 0, PT, HV, BPT)
         b_w = b_w * _pending_key_scale(0, i_h, pk, o_p, rank, PT, H, K, BPT, PENDING_L2NORM)
-        b_slot, b_uw = _fold_rows(i_hv, o_v, m_v, pu, o_p, rank, b_w, HV, V, FOLD_PAD)
+        if BPT >= HOIST_FOLD_SLOTS:
+            b_slot, b_uw = _fold_rows(i_hv, o_v, m_v, pu, o_p, rank, b_w, HV, V, FOLD_PAD)
     if not HAS_TABLES:
         b_x, b_wt, b_ck, b_cq = _tables(q, k, b_anc, b_G, b_beta, n_depth, i_b64, i_h, m_t, scale, T, H, K, BT, BD,
                                         ROW_BK, USE_QK_L2NORM_IN_KERNEL)
@@ -352,10 +353,14 @@ def tree_verify_path_kernel(
         else:
             b_h = tl.load(p_h + o_k[:, None], mask=m_h, other=0).to(tl.float32)
         if HAS_PENDING:
-            b_h = _fold_chunk(b_h, i_h, o_k, m_k, pk, b_slot, b_uw, b_C, H, K)
-            if n_path > FOLD_PAD:
+            if BPT >= HOIST_FOLD_SLOTS:
+                b_h = _fold_chunk(b_h, i_h, o_k, m_k, pk, b_slot, b_uw, b_C, H, K)
+                if n_path > FOLD_PAD:
+                    b_h = _fold_tile(b_h, 0, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, o_p, rank, n_path, b_C, b_w,
+                                     PT, H, HV, K, V, FOLD_ROWS, True, FOLD_PAD)
+            else:
                 b_h = _fold_tile(b_h, 0, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, o_p, rank, n_path, b_C, b_w, PT,
-                                 H, HV, K, V, FOLD_ROWS, True, FOLD_PAD)
+                                 H, HV, K, V, FOLD_ROWS, True)
             b_h = b_h.to(h0.dtype.element_ty)
             if a >= 0:
                 tl.store(p_h + o_k[:, None], b_h, mask=m_h)
