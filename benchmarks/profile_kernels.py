@@ -8,7 +8,9 @@ fastest config of each kernel (and fla, store-all) profiled once.
 
 The first form writes DIR/profile_<device>_<date>.json and prints one line per config as measured;
 the second reads that file and launches each fastest config once between cudaProfilerStart/Stop
-(the pending commits are built, and anything autotuned, before profiling starts).
+(the pending commits are built, and anything autotuned, before profiling starts). ``--stalls CSV`` (CPU)
+summarizes the warp-stall samples of ``ncu -i REP --page source --print-source sass --csv`` by opcode and by
+runs of instructions.
 """
 
 from __future__ import annotations
@@ -141,13 +143,48 @@ def ncu_pass(args, log, path):
     torch.cuda.cudart().cudaProfilerStop()
 
 
+def stall_summary(csv_path: Path, window: int = 40) -> str:
+    """Nsight Compute's per-SASS-instruction warp-stall samples (``ncu -i REP --page source --print-source sass
+    --csv``, gzipped or not) summed by opcode and by runs of ``window`` instructions, with each run's busiest
+    opcodes and its largest execution count (a loop body shows as a count that is a multiple of the grid's warps)."""
+    import csv
+    import gzip
+
+    opener = gzip.open if csv_path.suffix == ".gz" else open
+    with opener(csv_path, "rt") as f:
+        rows = list(csv.reader(f))
+    hdr = rows[1]
+    i_s, i_e = hdr.index("Warp Stall Sampling (All Samples)"), hdr.index("Instructions Executed")
+    data = [r for r in rows[2:] if len(r) > i_e and r[i_s].isdigit()]
+    op = lambda r: r[1].split()[1 if r[1].strip().startswith("@") else 0].split(".")[0]  # noqa: E731
+    total, executed = sum(int(r[i_s]) for r in data), sum(int(r[i_e]) for r in data)
+    by_op, ex_op = Counter(), Counter()
+    for r in data:
+        by_op[op(r)] += int(r[i_s])
+        ex_op[op(r)] += int(r[i_e])
+    out = [f"{csv_path.name}: {total} stall samples, {executed} warp instructions executed, {len(data)} SASS lines",
+           "", "opcode      stall %  executed %"]
+    out += [f"{o:10s} {100 * s / total:7.1f} {100 * ex_op[o] / executed:10.1f}" for o, s in by_op.most_common(15)]
+    out += ["", f"runs of {window} instructions: first, stall %, largest execution count, busiest opcodes"]
+    for s in range(0, len(data), window):
+        seg = data[s:s + window]
+        ops = Counter(op(r) for r in seg)
+        out.append(f"{s:5d} {100 * sum(int(r[i_s]) for r in seg) / total:6.1f} {max(int(r[i_e]) for r in seg):10d}  "
+                   + ", ".join(f"{o} x{c}" for o, c in ops.most_common(6)))
+    return "\n".join(out)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--deadline", type=float, default=240.0, help="seconds of config timing before stopping")
     ap.add_argument("--kernels", nargs="*", help="only these kernels (default: every kernel of each case)")
     ap.add_argument("--ncu", action="store_true", help="launch the fastest configs once each for Nsight Compute")
+    ap.add_argument("--stalls", type=Path, help="(CPU) summarize an ncu SASS source-page csv and exit")
     args = ap.parse_args(argv)
+    if args.stalls:
+        print(stall_summary(args.stalls))
+        return
     if not torch.cuda.is_available():
         raise SystemExit("profile_kernels.py needs a CUDA GPU")
     import triton
