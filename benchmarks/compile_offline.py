@@ -29,7 +29,7 @@ POINTERS = dict(q="*bf16", k="*bf16", v="*bf16", g="*fp32", beta="*fp32", h0="*f
                 pacc="*i32", state_idx="*i32", tab="*fp32")
 
 
-def compile_sm90(jit_fn, constexprs, pointers, num_warps, num_stages):
+def compile_sm90(jit_fn, constexprs, pointers, num_warps, num_stages, maxnreg=None):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -41,8 +41,8 @@ def compile_sm90(jit_fn, constexprs, pointers, num_warps, num_stages):
              if (n in pointers or n == "stride_hb") and n not in nospec}
     consts = {(jit_fn.arg_names.index(k),): v for k, v in constexprs.items()}
     src = ASTSource(fn=jit_fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
-                                                                               num_stages=num_stages))
+    options = dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def report(ck):
@@ -100,6 +100,7 @@ def check_all():
 
     from treewy.ops.tree_verify.chain import _configs as chain_configs
     from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
+    from treewy.ops.tree_verify.fold import HOIST_FOLD_SLOTS
     from treewy.ops.tree_verify.path import CONFIGS as PATH_CONFIGS
     from treewy.ops.tree_verify.path import TABLE_CONFIGS, path_tables_kernel, tree_verify_path_kernel
 
@@ -111,7 +112,10 @@ def check_all():
         BT = max(16, triton.next_power_of_2(T))
         for prec in ("tf32", "ieee"):
             for bv, bk, w, st, row_bk, prefetch in PATH_CONFIGS[(prec, BT)]:
-                # one launch, and the split launch's streaming kernel (one stage only there: path._prune)
+                # one launch, and the split launch's streaming kernel (one stage only there, and with the hoisted
+                # fold of a pending window as wide as this one: path._prune)
+                if st > 1 and triton.next_power_of_2(max(T, 2)) >= HOIST_FOLD_SLOTS.value:
+                    continue
                 for split in (False, True)[:1 if st > 1 else 2]:
                     jobs.append(("path", dict(T=T, PT=T, BV=bv, BK=bk, row_bk=row_bk, prefetch=prefetch,
                                               precision=prec, fp32_inputs=False, split=split), w, st))
@@ -149,6 +153,7 @@ def main(argv=None):
     ap.add_argument("--BK", type=int, help="key chunk (WY kernels); default: the launcher's")
     ap.add_argument("--warps", type=int, default=1)
     ap.add_argument("--stages", type=int, default=1)
+    ap.add_argument("--maxnreg", type=int, default=None, help="cap the registers per thread (ptxas spills past it)")
     ap.add_argument("--depth", type=int, default=3, help="the window's depth bound (path kernel's tables)")
     ap.add_argument("--row-bk", type=int, default=32, help="path kernel: key chunk of the coefficient dot products")
     ap.add_argument("--prefetch", action="store_true", help="path kernel: state chunks loaded one chunk ahead")
@@ -177,7 +182,7 @@ def main(argv=None):
     inputs = "*fp32" if args.fp32_inputs else "*bf16"
     pointers = {**POINTERS, "q": inputs, "k": inputs, "v": inputs, "o": inputs, "pk": inputs,
                 "h0": "*bf16" if args.bf16_state else "*fp32"}
-    ck = compile_sm90(kern, constexprs(args), pointers, args.warps, args.stages)
+    ck = compile_sm90(kern, constexprs(args), pointers, args.warps, args.stages, args.maxnreg)
     print(report(ck))
     if args.ttgir:
         print("\n".join(line for line in ck.asm["ttgir"].splitlines() if line.startswith("#")))

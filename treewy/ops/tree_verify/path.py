@@ -45,10 +45,15 @@ import triton
 import triton.language as tl
 
 from treewy.ops._triton import INTERPRET
-from treewy.ops.tree_verify.common import _dot_fp32, _program, _tf32_hi
+from treewy.ops.tree_verify.common import _dot_fp32, _program
 from treewy.ops.tree_verify.fold import (FOLD_PAD, FOLD_ROWS, HOIST_FOLD_SLOTS, _fold_chunk, _fold_rows, _fold_tile,
                                          _pending_key_scale, _pending_path, _request_bases)
 from treewy.ops.tree_verify.tuning import AUTOTUNE_EXTRA, KEY_DOTS, batch_bucket, fit_v, pending_args
+
+#: Padded windows from which the split launch's streaming kernel reads the tables column by column
+#: (``_path_sums_from_tables``: no column picked out of a tile by a reduction); narrower ones read [BT, BD] tiles,
+#: where the column loads cost registers: BT = 16, BV = 128 spilled 8 bytes that way (Triton 3.9, sm_90).
+COLUMN_TABLES_MIN_BT = tl.constexpr(32)
 
 #: Depth bounds up to which the ancestors' key rows of a chunk are loaded in one unrolled batch (deeper tables
 #: loop over them at run time).
@@ -115,11 +120,13 @@ SINGLE_REQUEST = {("tf32", 64): (32, 64, 4, 1, 32, False), ("tf32", 16): (32, 12
 
 def _prune(configs, named_args, **kwargs):
     """The configs listed for the launch's precision and padded window BT (and no wider than V); one request
-    runs its SINGLE_REQUEST config where there is one; the split launch's streaming kernel only one-stage ones."""
+    runs its SINGLE_REQUEST config where there is one; the split launch's streaming kernel, and any kernel folding
+    a pending window of HOIST_FOLD_SLOTS slots or more, only one-stage ones."""
     args = {**named_args, **kwargs}
     key = (args["DOT_PRECISION"], args["BT"])
     keep = (SINGLE_REQUEST[key],) if args.get("B_BUCKET") == 1 and key in SINGLE_REQUEST else CONFIGS[key]
-    if args.get("HAS_TABLES"):  # two stages spill in the split launch's streaming kernel (compile_offline.py --all)
+    if args.get("HAS_TABLES") or args.get("BPT", 0) >= HOIST_FOLD_SLOTS.value:
+        # two stages spill in the split launch's streaming kernel and with the hoisted fold (compile_offline.py --all)
         keep = tuple(c for c in keep if c[3] == 1)
     return [c for c in fit_v(configs, named_args, **kwargs) if _config_key(c) in keep] or configs[:1]
 
@@ -260,6 +267,27 @@ def _load_tables(tab, i_b64, i_hv, o_t, m_t, T, HV: tl.constexpr, BD: tl.constex
     return b_anc, b_x, b_wt, b_ck, b_cq, b_beta
 
 
+@triton.jit
+def _path_sums_from_tables(tab, i_b64, i_hv, o_t, m_t, b_v, b_xk, b_xq, T, HV: tl.constexpr, BT: tl.constexpr,
+                           BD: tl.constexpr, BV: tl.constexpr):
+    """(u, o) of the split launch's streaming kernel from the tables' columns, each loaded as a [BT] vector (no
+    column picked out of a [BT, BD] tile). Every depth below BD is summed: past a node's depth its x_j and w_j
+    are 0, and a window too deep for the tables has NaN ones (``path_tables_kernel``)."""
+    p = _table_row(tab, i_b64, i_hv, o_t, T, HV, BD)
+    b_beta = tl.load(p + 3 * BD, mask=m_t, other=0)
+    b_ck = tl.load(p + 3 * BD + 1, mask=m_t, other=0)
+    b_cq = tl.load(p + 3 * BD + 2, mask=m_t, other=0)
+    b_R = b_beta[:, None] * b_v - b_ck[:, None] * b_xk
+    b_U = tl.load(p, mask=m_t, other=0)[:, None] * b_R
+    b_o = b_cq[:, None] * b_xq + tl.load(p + BD, mask=m_t, other=0)[:, None] * b_R
+    for j in range(1, BD):
+        b_a = tl.load(p + 2 * BD + j, mask=m_t, other=-1).to(tl.int32)
+        b_Ra = tl.gather(b_R, tl.broadcast_to(tl.maximum(b_a, 0)[:, None], [BT, BV]), 0)
+        b_U += tl.load(p + j, mask=m_t, other=0)[:, None] * b_Ra
+        b_o += tl.load(p + BD + j, mask=m_t, other=0)[:, None] * b_Ra
+    return b_U, b_o
+
+
 def table_cols(bd: int) -> int:
     """Floats per node in the tables the split launch passes between its two kernels."""
     return 3 * bd + 3
@@ -369,29 +397,28 @@ def tree_verify_path_kernel(
         b_k = tl.load(k + p_qk[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
         b_q = tl.load(q + p_qk[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
         b_xk = _dot_fp32(b_k, b_h, b_xk, DOT_PRECISION, SPLIT, K_TF32, False)
-        if SPLIT:  # Q S^T takes the split's hi part: one staged copy of the chunk feeds both products
-            b_xq = tl.dot(b_q, _tf32_hi(b_h), b_xq, input_precision=DOT_PRECISION)
-        else:
-            b_xq = tl.dot(b_q, b_h, b_xq, input_precision=DOT_PRECISION)
-
-    if HAS_TABLES:  # written by path_tables_kernel for this (request, value head)
-        b_anc, b_x, b_wt, b_ck, b_cq, b_beta = _load_tables(tab, i_b64, i_hv, o_t, m_t, T, HV, BD)
-        n_depth = tl.max(tl.sum((b_anc >= 0).to(tl.int32), 1), 0) - 1
+        b_xq = tl.dot(b_q, b_h, b_xq, input_precision=DOT_PRECISION)
 
     # R, then u and o as sums of gathered rows of R along each node's path
     p_tv = (i_b64 * T + o_t[:, None]) * HV * V + i_hv * V + o_v[None, :]
     b_v = tl.load(v + p_tv, mask=m_t[:, None] & m_v[None, :], other=0).to(tl.float32)
-    b_R = b_beta[:, None] * b_v - b_ck[:, None] * b_xk
-    b_U = _col(b_x, o_d, 0)[:, None] * b_R
-    b_o = b_cq[:, None] * b_xq + _col(b_wt, o_d, 0)[:, None] * b_R
-    for j in range(1, n_depth + 1):
-        b_a = _col(b_anc, o_d, j)
-        b_Ra = tl.gather(b_R, tl.broadcast_to(tl.maximum(b_a, 0)[:, None], [BT, BV]), 0)
-        b_U += _col(b_x, o_d, j)[:, None] * b_Ra
-        b_o += _col(b_wt, o_d, j)[:, None] * b_Ra
-    if n_depth >= BD:  # the tables could not hold this window's paths: say so rather than be wrong
-        b_U = b_U + float("nan")
-        b_o = b_o + float("nan")
+    if HAS_TABLES and BT >= COLUMN_TABLES_MIN_BT:  # path_tables_kernel's, read column by column
+        b_U, b_o = _path_sums_from_tables(tab, i_b64, i_hv, o_t, m_t, b_v, b_xk, b_xq, T, HV, BT, BD, BV)
+    else:
+        if HAS_TABLES:  # path_tables_kernel's, read as [BT, BD] tiles
+            b_anc, b_x, b_wt, b_ck, b_cq, b_beta = _load_tables(tab, i_b64, i_hv, o_t, m_t, T, HV, BD)
+            n_depth = tl.max(tl.sum((b_anc >= 0).to(tl.int32), 1), 0) - 1
+        b_R = b_beta[:, None] * b_v - b_ck[:, None] * b_xk
+        b_U = _col(b_x, o_d, 0)[:, None] * b_R
+        b_o = b_cq[:, None] * b_xq + _col(b_wt, o_d, 0)[:, None] * b_R
+        for j in range(1, n_depth + 1):
+            b_a = _col(b_anc, o_d, j)
+            b_Ra = tl.gather(b_R, tl.broadcast_to(tl.maximum(b_a, 0)[:, None], [BT, BV]), 0)
+            b_U += _col(b_x, o_d, j)[:, None] * b_Ra
+            b_o += _col(b_wt, o_d, j)[:, None] * b_Ra
+        if n_depth >= BD:  # the tables could not hold this window's paths: say so rather than be wrong
+            b_U = b_U + float("nan")
+            b_o = b_o + float("nan")
     m_store = (o_t < T)[:, None] & m_v[None, :]
     tl.store(u + p_tv, b_U, mask=m_store)
     tl.store(o + p_tv, b_o.to(o.dtype.element_ty), mask=m_store)
