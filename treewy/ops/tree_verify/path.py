@@ -64,7 +64,7 @@ UNROLL_DEPTH = tl.constexpr(8)
 #: issues each state chunk's load before the work on the one before (the first before the tree walk). Each
 #: compiles for sm_90 without spills at depth 3 with Triton 3.9's ptxas, in one launch and (one-stage configs,
 #: see _prune) as the split launch's streaming kernel (benchmarks/compile_offline.py --all:
-#: benchmarks/results/compile_offline_sm90_triton39_2026-11-30_split.txt), BT = 128 not checked. One stage from
+#: benchmarks/results/compile_offline_sm90_triton39_2026-11-30_fold.txt), BT = 128 not checked. One stage from
 #: BT = 64 on: two-stage configs of the removed WY stream kernel gave wrong outputs there with Triton 3.6
 #: (benchmarks/results/wy_stages_h200_2026-11-30.log).
 CONFIGS = {
