@@ -156,12 +156,14 @@ def test_chain_kernel_folds_the_same_with_every_fold_width(rows):
 
 
 @pytest.mark.parametrize("kernel", ["path", "path_split"])
-def test_path_kernels_fold_paths_longer_than_fold_pad(kernel):
+@pytest.mark.parametrize("widths", [(2, 2), (3, 3, 3)])
+def test_path_kernels_fold_paths_longer_than_fold_pad(kernel, widths):
     """The path kernels fold a pending path's first FOLD_PAD (4) rows together per chunk and the rest row by
-    row: a 20-row path (and a 3-row one beside it, and an idle slot) gives the fp64 step."""
+    row: a 20-row path (and a 3-row one beside it, and an idle slot) gives the fp64 step, for a window of 16
+    padded rows and one of 64 (where the split launch reads its tables column by column)."""
     gen = torch.Generator().manual_seed(20)
     B, H, HV, K, V = 3, 1, 2, 20, 24
-    prev, new = DraftTree.chain(20).parents, DraftTree.from_widths((2, 2)).parents
+    prev, new = DraftTree.chain(20).parents, DraftTree.from_widths(widths).parents
     S, pend, (q, k, v, g, beta), _ = case_step(B, H, HV, K, V, prev, new, gen)
     acc = torch.tensor([19, 2, -1], device=DEVICE, dtype=torch.int32)   # paths of 20 and 3 rows
     pend = PendingCommit(pend.u, pend.k, pend.g, pend.parents.to(torch.int32), acc)
