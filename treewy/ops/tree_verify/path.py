@@ -33,7 +33,9 @@ accumulate on tensor cores; then the path sums gather rows of R ((d + 1) gathers
 Split launch (family "path_split", ``path_fwd(split=True)``): ``path_tables_kernel`` computes the walk and the
 tables once per (request, value head) and writes ``table_cols(BD)`` floats per node; the same kernel with
 ``HAS_TABLES`` then skips that prologue and reads them back after its state loop, so narrow value tiles no longer
-repeat it. Measured faster from 64 requests on (``select.SPLIT_MIN_BATCH``).
+repeat it. Measured faster from 64 requests on (``select.SPLIT_MIN_BATCH``). From BT = 32 on the streaming kernel
+reads the tables column by column (``COLUMN_TABLES_MIN_BT``). Pending windows of ``fold.HOIST_FOLD_SLOTS`` slots
+or more have their path rows selected once per program (``fold._fold_rows``) instead of in every state chunk.
 """
 
 from __future__ import annotations
