@@ -1,4 +1,5 @@
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,3 +39,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def bench_script():
+    """Load a script of benchmarks/ as a module (the folder is not a package): ``bench_script("vllm_serve_gpu")``."""
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "benchmarks" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    return load

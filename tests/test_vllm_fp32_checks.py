@@ -3,21 +3,11 @@ probe's comparison with the fp64 model (vLLM's engines themselves run on the GPU
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "vllm_fp32_checks.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("vllm_fp32_checks", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @dataclass
@@ -32,13 +22,13 @@ class _Vector:
     values: list
 
 
-def test_counters_are_read_from_llm_metrics():
+def test_counters_are_read_from_llm_metrics(bench_script):
     metrics = [_Counter("vllm:spec_decode_num_drafts", 7), _Counter("vllm:spec_decode_num_draft_tokens", 21),
                _Counter("vllm:spec_decode_num_accepted_tokens", 12), _Counter("vllm:num_preemptions", 2),
                _Vector("vllm:spec_decode_num_accepted_tokens_per_pos", [6, 4, 2]),
                _Counter("vllm:prompt_tokens", 99)]
-    assert _script().counters(metrics) == {"drafts": 7, "draft_tokens": 21, "accepted": 12,
-                                           "accepted_per_pos": [6, 4, 2], "preemptions": 2}
+    assert bench_script("vllm_fp32_checks").counters(metrics) == {
+        "drafts": 7, "draft_tokens": 21, "accepted": 12, "accepted_per_pos": [6, 4, 2], "preemptions": 2}
 
 
 def _run(outputs, accepted):
@@ -47,8 +37,8 @@ def _run(outputs, accepted):
                          "preemptions": 1}}
 
 
-def test_verdict_needs_equal_outputs_equal_counters_and_treewys_outputs():
-    mod = _script()
+def test_verdict_needs_equal_outputs_equal_counters_and_treewys_outputs(bench_script):
+    mod = bench_script("vllm_fp32_checks")
     ref = [[1, 2, 3], [4, 5, 6]]
     same = {"treewy_generate": ref, "runs": {"store_all": _run([[1, 2], [4, 5]], 3),
                                              "reconstruct": _run([[1, 2], [4, 5]], 3)}}
@@ -65,9 +55,9 @@ def test_verdict_needs_equal_outputs_equal_counters_and_treewys_outputs():
     assert mod.verdict(failed) == {"all_equal": False, "errors": {"store_all": "worker exited with 1"}}
 
 
-def test_probe_compares_every_scored_token_with_fp64():
+def test_probe_compares_every_scored_token_with_fp64(bench_script):
     """A probe that reports the fp64 logprobs exactly scores 0 against fp64; one off by 1e-3 scores 1e-3."""
-    mod = _script()
+    mod = bench_script("vllm_fp32_checks")
     from treewy.models import load
 
     plist = [[3, 1, 4, 1, 5, 9], [2, 6, 5, 3]]
@@ -86,9 +76,9 @@ def test_probe_compares_every_scored_token_with_fp64():
     assert mod.probe_rows(probe(1e-3), plist, ref64, ref32)["vllm_vs_fp64"]["max"] == pytest.approx(1e-3)
 
 
-def test_ties_scores_where_an_output_parts_from_treewys():
+def test_ties_scores_where_an_output_parts_from_treewys(bench_script):
     """The gap is logit[treewy's token] - logit[vLLM's] of the fp64 model at the first differing position."""
-    mod = _script()
+    mod = bench_script("vllm_fp32_checks")
     from treewy.models import load
 
     prompt = [3, 1, 4, 1, 5]

@@ -2,18 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "vllm_serve_gpu.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("vllm_serve_gpu", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _phase(outputs, accepted):
@@ -22,14 +12,14 @@ def _phase(outputs, accepted):
                          "accepted_per_pos": [accepted, 0, 0]}}
 
 
-def test_verdict_counts_prefix_matches_and_compares_the_modes():
+def test_verdict_counts_prefix_matches_and_compares_the_modes(bench_script):
     ref = [[1, 2, 3, 4], [5, 6, 7, 8]]
     report = {"treewy_generate": ref, "runs": [
         {"mode": "store_all", "tag": "graphs", "phases": {"c1": _phase([[1, 2], [5, 6]], 3)}},
         {"mode": "reconstruct", "tag": "graphs", "phases": {"c1": _phase([[1, 2], [5, 9]], 4)}},
         {"mode": "store_all", "tag": "preempt", "error": "ServeError: refused"},
     ]}
-    v = _script().compare(report)
+    v = bench_script("vllm_serve_gpu").compare(report)
     rows = {r["run"]: r for r in v["phases"]}
     assert rows["graphs/store_all/c1"]["equal_to_treewy"] == 2
     assert rows["graphs/reconstruct/c1"]["equal_to_treewy"] == 1
@@ -39,21 +29,22 @@ def test_verdict_counts_prefix_matches_and_compares_the_modes():
     assert v["all_equal"] is False
 
 
-def test_capacity_lines_are_read_from_vllms_log():
+def test_capacity_lines_are_read_from_vllms_log(bench_script):
     log = ("INFO [gpu_worker.py:560] Available KV cache memory: 56.99 GiB\n"
            "INFO [kv_cache_utils.py:2177] GPU KV cache size: 1,037,516 tokens\n"
            "INFO [kv_cache_utils.py:2178] Maximum concurrency for 8,192 tokens per request: 126.65x\n")
-    assert _script().kv_capacity(log) == {"kv_cache_tokens": 1037516, "max_concurrency_at_len": 8192,
-                                          "max_concurrency": 126.65, "available_kv_gib": 56.99}
+    assert bench_script("vllm_serve_gpu").kv_capacity(log) == {
+        "kv_cache_tokens": 1037516, "max_concurrency_at_len": 8192, "max_concurrency": 126.65,
+        "available_kv_gib": 56.99}
 
 
-def test_sweep_resumes_a_checkpoint_and_reruns_failed_points_when_asked(tmp_path, monkeypatch):
+def test_sweep_resumes_a_checkpoint_and_reruns_failed_points_when_asked(tmp_path, monkeypatch, bench_script):
     """``sweep --retry-failed`` resumes the checkpoint in --out and reruns its failed points (how the 35B
     concurrency 256 points were measured after their first run failed); without the flag they are kept.
     ``--graph-max-tokens`` reaches vLLM's compilation config beside the chosen compile mode."""
     import treewy.serve.export as export
 
-    mod = _script()
+    mod = bench_script("vllm_serve_gpu")
     seen = []
     monkeypatch.setattr(export, "export_dummy", lambda *a, **k: str(tmp_path / "model"))
     monkeypatch.setattr(mod, "run_sweep", lambda cfg, out: (seen.append(cfg), (0, 0))[1])
@@ -68,7 +59,7 @@ def test_sweep_resumes_a_checkpoint_and_reruns_failed_points_when_asked(tmp_path
     assert mod.compile_args("default") == [] and "--compilation-config" in mod.compile_args("default", 1024)
 
 
-def test_tiny_in_fp32_serves_both_modes_with_the_fp32_prefill(tmp_path, monkeypatch):
+def test_tiny_in_fp32_serves_both_modes_with_the_fp32_prefill(tmp_path, monkeypatch, bench_script):
     """``tiny --dtype float32`` passes --dtype to every server, turns on treewy's fp32 prefill in both modes (vLLM
     0.26's refuses fp32), optionally exact fp32 Triton dots, and generates the reference in fp32 too."""
     import sys
@@ -78,7 +69,7 @@ def test_tiny_in_fp32_serves_both_modes_with_the_fp32_prefill(tmp_path, monkeypa
 
     import treewy.serve.export as export
 
-    mod = _script()
+    mod = bench_script("vllm_serve_gpu")
     calls, ref_dtypes = [], []
     monkeypatch.setattr(export, "export_vllm", lambda *a, **k: str(tmp_path / "model"))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "fake GPU")
@@ -107,15 +98,13 @@ def test_tiny_in_fp32_serves_both_modes_with_the_fp32_prefill(tmp_path, monkeypa
     assert all(env == {} and "bfloat16" in extra for _, _, extra, env in calls)
 
 
-def test_tf32_probe_writes_attention_out_exactly_and_rounds_to_ten_bits():
+def test_tf32_probe_writes_attention_out_exactly_and_rounds_to_ten_bits(bench_script):
     """benchmarks/tf32_attention_probe.py: its written-out attention equals torch's (causal, GQA, masks), and its
     tf32 roundings keep 10 mantissa bits (to nearest, and truncated)."""
     import torch
     import torch.nn.functional as F
 
-    spec = importlib.util.spec_from_file_location("probe", SCRIPT.parent / "tf32_attention_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = bench_script("tf32_attention_probe")
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, h, 5, 8, generator=g) for h in (4, 2, 2))
     exact = probe.attention_with(lambda x: x)
@@ -123,8 +112,9 @@ def test_tf32_probe_writes_attention_out_exactly_and_rounds_to_ten_bits():
                                F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
     mask = torch.rand(5, 5, generator=g) > 0.3
     mask.fill_diagonal_(True)
-    torch.testing.assert_close(exact(q, k[:, [0, 0, 1, 1]], v[:, [0, 0, 1, 1]], attn_mask=mask),
-                               F.scaled_dot_product_attention(q, k[:, [0, 0, 1, 1]], v[:, [0, 0, 1, 1]], attn_mask=mask))
+    kg, vg = k[:, [0, 0, 1, 1]], v[:, [0, 0, 1, 1]]
+    torch.testing.assert_close(exact(q, kg, vg, attn_mask=mask),
+                               F.scaled_dot_product_attention(q, kg, vg, attn_mask=mask))
     x = torch.tensor([1 + 2 ** -11, 1 + 2 ** -12, -3.0 - 2 ** -9])   # a half ulp of tf32, a quarter, a whole one
     assert probe.tf32_nearest(x).tolist() == [1 + 2 ** -10, 1.0, -3.0 - 2 ** -9]   # halves away from zero (cvt.rna)
     assert probe.tf32_truncated(x).tolist() == [1.0, 1.0, -3.0 - 2 ** -9]
