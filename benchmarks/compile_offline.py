@@ -100,9 +100,9 @@ def check_all():
 
     from treewy.ops.tree_verify.chain import _configs as chain_configs
     from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
-    from treewy.ops.tree_verify.fold import HOIST_FOLD_SLOTS
     from treewy.ops.tree_verify.path import CONFIGS as PATH_CONFIGS
-    from treewy.ops.tree_verify.path import TABLE_CONFIGS, path_tables_kernel, tree_verify_path_kernel
+    from treewy.ops.tree_verify.path import (TABLE_CONFIGS, one_stage_only, path_tables_kernel,
+                                             tree_verify_path_kernel)
 
     base = dict(H=16, HV=32, K=128, V=128, BK=None, fold_rows=None, l2norm=False, bf16_state=False, depth=3,
                 row_bk=32, prefetch=False, split=False)
@@ -112,11 +112,10 @@ def check_all():
         BT = max(16, triton.next_power_of_2(T))
         for prec in ("tf32", "ieee"):
             for bv, bk, w, st, row_bk, prefetch in PATH_CONFIGS[(prec, BT)]:
-                # one launch, and the split launch's streaming kernel (one stage only there, and with the hoisted
-                # fold of a pending window as wide as this one: path._prune)
-                if st > 1 and triton.next_power_of_2(max(T, 2)) >= HOIST_FOLD_SLOTS.value:
-                    continue
-                for split in (False, True)[:1 if st > 1 else 2]:
+                # one launch, and the split launch's streaming kernel, each where path._prune keeps the config
+                for split in (False, True):
+                    if st > 1 and one_stage_only(split, triton.next_power_of_2(max(T, 2))):
+                        continue
                     jobs.append(("path", dict(T=T, PT=T, BV=bv, BK=bk, row_bk=row_bk, prefetch=prefetch,
                                               precision=prec, fp32_inputs=False, split=split), w, st))
         for row_bk, w in TABLE_CONFIGS:

@@ -120,6 +120,13 @@ def _config_key(c):
 SINGLE_REQUEST = {("tf32", 64): (32, 64, 4, 1, 32, False), ("tf32", 16): (32, 128, 4, 1, 128, True)}
 
 
+def one_stage_only(has_tables: bool, bpt: int) -> bool:
+    """Whether the streaming kernel may only run one-stage configs: two stages spill in the split launch's
+    streaming kernel and with the hoisted fold of a pending window of ``bpt`` >= HOIST_FOLD_SLOTS slots
+    (benchmarks/compile_offline.py --all)."""
+    return has_tables or bpt >= HOIST_FOLD_SLOTS.value
+
+
 def _prune(configs, named_args, **kwargs):
     """The configs listed for the launch's precision and padded window BT (and no wider than V); one request
     runs its SINGLE_REQUEST config where there is one; the split launch's streaming kernel, and any kernel folding
@@ -127,8 +134,7 @@ def _prune(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
     key = (args["DOT_PRECISION"], args["BT"])
     keep = (SINGLE_REQUEST[key],) if args.get("B_BUCKET") == 1 and key in SINGLE_REQUEST else CONFIGS[key]
-    if args.get("HAS_TABLES") or args.get("BPT", 0) >= HOIST_FOLD_SLOTS.value:
-        # two stages spill in the split launch's streaming kernel and with the hoisted fold (compile_offline.py --all)
+    if one_stage_only(bool(args.get("HAS_TABLES")), args.get("BPT", 0)):
         keep = tuple(c for c in keep if c[3] == 1)
     return [c for c in fit_v(configs, named_args, **kwargs) if _config_key(c) in keep] or configs[:1]
 
