@@ -37,6 +37,13 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
+def next_logits(model, tokens: list[int]) -> torch.Tensor:
+    """The model's logits (float64) for the token after ``tokens``, without gradients: where two greedy runs
+    part, the gap between their two tokens."""
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0, -1].double()
+
+
 def divergence(ref: list[list[int]], other: list[list[int]]) -> dict:
     """Token agreement of two greedy runs over the same prompts."""
     same = total = 0

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import first_difference  # noqa: E402
+from benchmarks.common import first_difference, next_logits  # noqa: E402
 
 
 def pairs(report: dict):
@@ -68,9 +68,7 @@ def main(argv=None) -> int:
     rows = []
     for label, i, a, b in pairs(report):
         at = first_difference(a, b)
-        prefix = report["prompts"][i] + a[:at]
-        with torch.no_grad():
-            logits = model(torch.tensor([prefix])).logits[0, -1].double()
+        logits = next_logits(model, report["prompts"][i] + a[:at])
         top2 = torch.topk(logits, 2)
         margin = float(logits[a[at]] - logits[b[at]])
         rows.append({"pair": label, "prompt": i, "token": at, "a": a[at], "b": b[at], "fp32_argmax": int(top2.indices[0]),

@@ -35,11 +35,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.vllm_serve_gpu import ENV_026, treewy_outputs  # noqa: E402
+
 #: vLLM's engine settings both checks share: the tiny model in fp32, prefix caching off (reconstruct's
 #: requirement), the GDN prefill through treewy's exact recurrence in both modes (vLLM 0.26's refuses fp32).
 ENGINE = dict(dtype="float32", max_model_len=2048, enable_prefix_caching=False, gpu_memory_utilization=0.3,
               language_model_only=True, gdn_prefill_backend="triton", disable_log_stats=False)
-ENV = {"TREEWY_FP32_PREFILL": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+ENV = {**ENV_026, "TREEWY_FP32_PREFILL": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def log(msg: str) -> None:
@@ -181,7 +183,6 @@ def cmd_probe(args) -> int:
 def cmd_preempt(args) -> int:
     import torch
 
-    from benchmarks.vllm_serve_gpu import treewy_outputs
     from treewy.serve.export import export_vllm
 
     out = Path(args.out)
@@ -233,7 +234,7 @@ def ties(report: dict) -> list[dict]:
     deviation (``probe``) is a tie that either side may break."""
     import torch
 
-    from benchmarks.common import first_difference
+    from benchmarks.common import first_difference, next_logits
     from treewy.models import load
 
     rows, models = [], {dt: load("tiny", dtype=dt) for dt in (torch.float64, torch.float32)}
@@ -244,8 +245,7 @@ def ties(report: dict) -> list[dict]:
                 continue
             row = {"mode": mode, "prompt": i, "position": j, "vllm": out[j], "treewy": ref[j]}
             for dt, m in models.items():
-                with torch.no_grad():
-                    lg = m(torch.tensor([report["prompts"][i] + ref[:j]])).logits[0, -1].double()
+                lg = next_logits(m, report["prompts"][i] + ref[:j])
                 row[f"gap_{str(dt)[6:]}"] = float(lg[ref[j]] - lg[out[j]])
             rows.append(row)
     return rows
