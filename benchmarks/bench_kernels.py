@@ -76,20 +76,23 @@ def is_chain(tree):
     return tree.max_depth == tree.num_nodes - 1
 
 
-def candidates(tree, B):
-    """The selected family first, then the others that can run the window (chains: chain and path; trees: both
-    path launches)."""
-    chosen = select_kernel(tree.num_nodes, B, is_chain(tree))
-    return [chosen] + [k for k in (("chain", "path") if is_chain(tree) else ("path", "path_split")) if k != chosen]
+def candidates(tree, B, state_dtype=torch.float32):
+    """The selected family first, then the others that can run the window (chains: chain, path and dense; trees:
+    both path launches and dense)."""
+    chosen = select_kernel(tree.num_nodes, B, is_chain(tree), state_dtype == torch.bfloat16)
+    others = ("chain", "path", "dense") if is_chain(tree) else ("path", "path_split", "dense")
+    return [chosen] + [k for k in others if k != chosen]
 
 
 def pinned_configs():
     """Launch configs for the drift runs (no autotuning there: many window/pending shapes, few steps each);
     each compiles for sm_90 without spills (benchmarks/compile_offline.py)."""
+    from treewy.ops.tree_verify import dense
     from treewy.ops.tree_verify.chain import fixed_config
     from treewy.ops.tree_verify.path import config
 
     return {("chain", None): fixed_config(), ("path", "tf32"): config(32, 32, 4, 1, 32, True),
+            ("dense", "tf32"): dense.config(32, 4, 1), ("dense", "ieee"): dense.config(16, 4, 1),
             ("path_split", "tf32"): config(32, 32, 4, 1, 32, True),
             ("path", "tf32_plain"): config(32, 32, 4, 1, 32, True), ("path", "ieee"): config(16, 32, 4, 1, 32, False)}
 
@@ -114,7 +117,9 @@ def recording():
     with mock.patch.object(verify, "chain_fwd", side_effect=lambda *a, _f=verify.chain_fwd, **k: (
             calls.append("chain"), _f(*a, **k))[1]), \
          mock.patch.object(verify, "path_fwd", side_effect=lambda *a, _f=verify.path_fwd, **k: (
-            calls.append("path_split" if k.get("split") else "path"), _f(*a, **k))[1]):
+            calls.append("path_split" if k.get("split") else "path"), _f(*a, **k))[1]), \
+         mock.patch.object(verify, "dense_fwd", side_effect=lambda *a, _f=verify.dense_fwd, **k: (
+            calls.append("dense"), _f(*a, **k))[1]):
         yield calls
 
 
@@ -231,7 +236,7 @@ def measure_rows(b: Bench, write):
     worst_launches = 0
     for key, name, widths, B, sdt, bar in ROWS:
         tree, B = tree_of(widths), b.batch(B)
-        rows = [b.step(key, tree, B, sdt, k) for k in candidates(tree, B)]
+        rows = [b.step(key, tree, B, sdt, k) for k in candidates(tree, B, sdt)]
         chosen, best = rows[0], min(rows, key=lambda r: r["us"])
         worst_launches = max(worst_launches, chosen["launches"])
         b.targets.append(target(f"{name} (us) [{chosen['kernel']}, {chosen['launches']} launch(es)]", chosen["us"],
@@ -323,7 +328,8 @@ def exactness(b: Bench, write):
     steps = 4 if b.smoke else b.args.drift_steps
     pins = {} if b.smoke else pinned_configs()
     chain3, t222, t333, chain1 = tree_of((1, 1, 1)), tree_of((2, 2, 2)), tree_of((3, 3, 3)), DraftTree.chain(1)
-    runs = [("chain", None, [chain3, chain1], steps), ("path", "tf32", [t333, t222, chain3], steps),
+    runs = [("chain", None, [chain3, chain1], steps), ("dense", "tf32", [t333, t222, chain3], steps),
+            ("dense", "ieee", [t333, chain3], steps), ("path", "tf32", [t333, t222, chain3], steps),
             ("path_split", "tf32", [t333, t222], steps), ("path", "ieee", [t333, chain3], steps),
             ("path", "tf32_plain", [t333], max(2, steps // 4))]
     for kernel, prec, trees, n in runs:
@@ -344,12 +350,14 @@ def exactness(b: Bench, write):
         b.notes.append("bf16 output bound skipped: --smoke (the Triton interpreter mishandles bf16)")
     elif not b.past_deadline("bf16 output bound"):
         bf16_outputs(b)
-    for key, widths in (("333 B256", (3, 3, 3)), ("chain3 B256", (1, 1, 1))):
+    for key, widths, kernel in (("333 B256", (3, 3, 3), None), ("chain3 B256", (1, 1, 1), "path")):
         if b.past_deadline(f"exact fp32 forced, {key}"):
             continue
+        tree = tree_of(widths)
+        kernel = kernel or select_kernel(tree.num_nodes, b.batch(256), is_chain(tree))   # the tree's own choice
         with env(PRECISION_ENV, "ieee"):  # the default precision becomes exact fp32, as on a GPU without tf32
-            r = b.step(f"{key} {PRECISION_ENV}=ieee", tree_of(widths), b.batch(256), torch.float32, "path")
-        b.targets.append(target(f"9 exact fp32 forced ({PRECISION_ENV}=ieee), {key} [path] (us)", r["us"],
+            r = b.step(f"{key} {PRECISION_ENV}=ieee", tree, b.batch(256), torch.float32, kernel)
+        b.targets.append(target(f"9 exact fp32 forced ({PRECISION_ENV}=ieee), {key} [{kernel}] (us)", r["us"],
                                 "report", True, "us"))
     write(b)
 
@@ -358,7 +366,8 @@ def bf16_outputs(b: Bench):
     """bf16 q, k, v: the error against the fp64 reference on the unrounded inputs, against twice the error of
     rounding the inputs alone (the fp64 reference on the rounded inputs); the precisions' output errors."""
     d = b.dims
-    for widths, kernel in (((1, 1, 1), "chain"), ((1, 1, 1), "path"), ((3, 3, 3), "path"), ((3, 3, 3), "path_split")):
+    for widths, kernel in (((1, 1, 1), "chain"), ((1, 1, 1), "path"), ((3, 3, 3), "path"), ((3, 3, 3), "path_split"),
+                           ((1, 1, 1), "dense"), ((2, 2, 2), "dense"), ((3, 3, 3), "dense")):
         tree = tree_of(widths)
         x = make(4, tree.num_nodes, d["H"], d["HV"], d["K"], d["V"], torch.float32, device="cuda",
                  input_dtype=torch.float32)

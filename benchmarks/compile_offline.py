@@ -63,7 +63,7 @@ def report(ck):
                 shared=ck.metadata.shared, **{op: ops.get(op, 0) for op in OPS}, total=sum(ops.values()))
 
 
-KERNEL_NAMES = ("chain", "path", "tables")
+KERNEL_NAMES = ("chain", "dense", "path", "tables")
 
 
 def constexprs(args):
@@ -82,6 +82,12 @@ def constexprs(args):
     if args.kernel == "chain":
         return dict(H=args.H, HV=args.HV, K=args.K, V=args.V, BT=bt, BK=triton.next_power_of_2(args.K), BV=args.BV,
                     **flags, **pending)
+    if args.kernel == "dense":
+        bf16_in = not args.fp32_inputs
+        return dict(H=args.H, HV=args.HV, K=args.K, V=args.V, BT=max(16, bt), BK=triton.next_power_of_2(args.K),
+                    BV=args.BV, **flags, **pending, DOT_PRECISION=prec, SPLIT=split, INPUT_BF16=bf16_in,
+                    STATE_BF16=args.bf16_state, XK_PARTS=1 if args.bf16_state else 3,
+                    XQ_PARTS=1 if args.bf16_state else 2)
     if args.kernel == "tables":
         return dict(H=args.H, HV=args.HV, K=args.K, BT=max(16, bt), BD=depth_block(args.T, args.depth),
                     ROW_BK=args.row_bk, **flags)
@@ -100,6 +106,8 @@ def check_all():
 
     from treewy.ops.tree_verify.chain import _configs as chain_configs
     from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
+    from treewy.ops.tree_verify.dense import CONFIGS as DENSE_CONFIGS
+    from treewy.ops.tree_verify.dense import tree_verify_dense_kernel
     from treewy.ops.tree_verify.path import CONFIGS as PATH_CONFIGS
     from treewy.ops.tree_verify.path import (TABLE_CONFIGS, one_stage_only, path_tables_kernel,
                                              tree_verify_path_kernel)
@@ -118,9 +126,13 @@ def check_all():
                         continue
                     jobs.append(("path", dict(T=T, PT=T, BV=bv, BK=bk, row_bk=row_bk, prefetch=prefetch,
                                               precision=prec, fp32_inputs=False, split=split), w, st))
+        for prec in ("tf32", "ieee"):
+            for bv, w, st in DENSE_CONFIGS[(prec, BT)]:
+                jobs.append(("dense", dict(T=T, PT=T, BV=bv, precision=prec, fp32_inputs=False), w, st))
         for row_bk, w in TABLE_CONFIGS:
             jobs.append(("tables", dict(T=T, PT=T, BV=0, row_bk=row_bk, precision="tf32", fp32_inputs=False), w, 1))
-    fns = {"chain": tree_verify_chain_kernel.fn, "path": tree_verify_path_kernel.fn, "tables": path_tables_kernel.fn}
+    fns = {"chain": tree_verify_chain_kernel.fn, "dense": tree_verify_dense_kernel.fn,
+           "path": tree_verify_path_kernel.fn, "tables": path_tables_kernel.fn}
     bad = 0
     for name, kw, warps, stages in jobs:
         args = SimpleNamespace(**{**base, **kw, "kernel": name})
@@ -131,7 +143,7 @@ def check_all():
         print(f"{name:10s} T={args.T:2d} {args.precision:4s} {'fp32' if args.fp32_inputs else 'bf16'} in  "
               f"BV={args.BV:3d} BK={args.BK or '-'!s:>3s} warps={warps} stages={stages}"
               + (f" fold rows {args.fold_rows}" if args.fold_rows else "")
-              + (f" row_bk {args.row_bk}{' prefetch' if args.prefetch else ''}" if name != "chain" else "")
+              + (f" row_bk {args.row_bk}{' prefetch' if args.prefetch else ''}" if name in ("path", "tables") else "")
               + (" split" if args.split else "")
               + ": registers "
               f"{rep['registers']:3d}, stack {rep['stack']}", flush=True)
@@ -174,10 +186,11 @@ def main(argv=None):
         sys.exit(check_all())
 
     from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
+    from treewy.ops.tree_verify.dense import tree_verify_dense_kernel
     from treewy.ops.tree_verify.path import path_tables_kernel, tree_verify_path_kernel
 
-    kern = {"chain": tree_verify_chain_kernel.fn, "path": tree_verify_path_kernel.fn,
-            "tables": path_tables_kernel.fn}[args.kernel]
+    kern = {"chain": tree_verify_chain_kernel.fn, "dense": tree_verify_dense_kernel.fn,
+            "path": tree_verify_path_kernel.fn, "tables": path_tables_kernel.fn}[args.kernel]
     inputs = "*fp32" if args.fp32_inputs else "*bf16"
     pointers = {**POINTERS, "q": inputs, "k": inputs, "v": inputs, "o": inputs, "pk": inputs,
                 "h0": "*bf16" if args.bf16_state else "*fp32"}

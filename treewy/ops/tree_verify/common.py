@@ -29,17 +29,19 @@ def _gather(b_x, o_x, i):
 
 @triton.jit
 def _ancestors(parents, g, i_b64, i_hv, o_t, m_t, stride_pb, T, HV: tl.constexpr):
-    """(inclusive ancestor mask [BT, BT], path cumsum G [BT], depth): all nodes walk up at once."""
-    p_par = parents + i_b64 * stride_pb
-    p_g = g + i_b64 * T * HV + i_hv
-    b_G = tl.load(p_g + o_t * HV, mask=m_t, other=0).to(tl.float32)
+    """(inclusive ancestor mask [BT, BT], path cumsum G [BT], depth): all nodes walk up at once in registers (the
+    parents and decays loaded once, then ``tl.gather``: no memory round trip per level)."""
+    b_par = tl.load(parents + i_b64 * stride_pb + o_t, mask=m_t, other=-1)
+    b_g = tl.load(g + (i_b64 * T + o_t) * HV + i_hv, mask=m_t, other=0).to(tl.float32)
+    b_G = b_g
     m_anc = (o_t[:, None] == o_t[None, :]) & m_t[:, None]
-    b_cur = tl.load(p_par + o_t, mask=m_t, other=-1)
+    b_cur = b_par
     while tl.max(b_cur, 0) >= 0:
         m_up = b_cur >= 0
         m_anc = m_anc | (o_t[None, :] == b_cur[:, None])
-        b_G += tl.load(p_g + b_cur * HV, mask=m_up, other=0).to(tl.float32)
-        b_cur = tl.load(p_par + b_cur, mask=m_up, other=-1)
+        b_up = tl.maximum(b_cur, 0)
+        b_G += tl.where(m_up, tl.gather(b_g, b_up, 0), 0.0)
+        b_cur = tl.where(m_up, tl.gather(b_par, b_up, 0), -1)
     n_depth = tl.max(tl.sum(m_anc.to(tl.int32), 1), 0) - 1
     return m_anc, b_G, n_depth
 

@@ -107,6 +107,24 @@ def _fold_tile(b_h, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, o_p, rank, n_p
 
 
 @triton.jit
+def _fold_slot(o_p, rank, b_w, j):
+    """(slot, weight exp(G_a - G_i) / ||k_i||) of the path's row j, slot -1 past the path: selected once per
+    program by a kernel that folds several tiles, which then adds the row with ``_fold_row``."""
+    sel = rank == j
+    return tl.sum(tl.where(sel, o_p + 1, 0), 0) - 1, tl.sum(tl.where(sel, b_w, 0.0), 0)
+
+
+@triton.jit
+def _fold_row(b_h, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, slot, w, H: tl.constexpr, HV: tl.constexpr,
+              K: tl.constexpr, V: tl.constexpr):
+    """b_h + w u_slot k_slot^T on a [BK, BV] (S^T) tile, in exact fp32; nothing for slot -1."""
+    i_s = tl.maximum(slot, 0)
+    b_u = tl.load(pu + (i_s * HV + i_hv) * V + o_v, mask=m_v & (o_v * 0 + slot >= 0), other=0).to(tl.float32) * w
+    b_k = tl.load(pk + (i_s * H + i_h) * K + o_k, mask=m_k & (o_k * 0 + slot >= 0), other=0).to(tl.float32)
+    return b_h + b_k[:, None] * b_u[None, :]
+
+
+@triton.jit
 def _fold_rows(i_hv, o_v, m_v, pu, o_p, rank, b_w, HV: tl.constexpr, V: tl.constexpr, FOLD_PAD: tl.constexpr):
     """Once per program of a kernel that folds many chunks of one value tile: the path's first FOLD_PAD slots in
     rank order (-1 past the path) and their u rows times exp(G_a - G_i) / ||k_i|| ([FOLD_PAD, BV], 0 past the

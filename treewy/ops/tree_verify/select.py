@@ -4,30 +4,39 @@ as last measured."""
 
 from __future__ import annotations
 
-#: The kernel families ``tree_verify_fwd(kernel=...)`` can force: "chain" (one launch, chains only), "path"
+#: The kernel families ``tree_verify_fwd(kernel=...)`` can force: "chain" (one launch, chains only), "dense" (one
+#: launch, trees of up to 64 nodes: (I + M)^-1 formed once per value head, then the value tiles streamed), "path"
 #: (one launch, any tree) and "path_split" (any tree: the path kernel's tables in a launch of their own, once
 #: per value head, then the streaming kernel).
-KERNELS = ("chain", "path", "path_split")
+KERNELS = ("chain", "dense", "path", "path_split")
 
 #: Launches per GDN layer per step of each family.
-LAUNCHES = {"chain": 1, "path": 1, "path_split": 2}
+LAUNCHES = {"chain": 1, "dense": 1, "path": 1, "path_split": 2}
 
 
-#: Smallest batch from which trees take the split launch: measured faster at B = 64 and 256 and slower at B = 1
-#: (H200, 2026-11-30, benchmarks/results/targets_h200_2026-11-30_run6.txt, run8.log); B between 1 and 64 not measured.
+#: Smallest batch from which trees take a per-value-head launch (dense, or path_split past DENSE_MAX_NODES) rather
+#: than the one-launch path kernel: measured faster at B = 64 and 256 and slower at B = 1 (H200, 2026-11-30,
+#: benchmarks/results/targets_h200_2026-11-30.txt); B between 1 and 64 not measured.
 SPLIT_MIN_BATCH = 64
 
+#: Most nodes the dense kernel takes (its [BT, BT] tiles live in registers); wider trees take path_split.
+DENSE_MAX_NODES = 64
 
-def select_kernel(T: int, B: int, chain: bool) -> str:
-    """The kernel family for a window of T nodes over B requests; ``chain``: parents[t] = t - 1 for all.
 
-    Chains (decode windows, T = 1, included) take the chain kernel at every batch size; other trees the path
-    kernel in one launch below SPLIT_MIN_BATCH requests and in two (``path_split``) from there on. On the H200
-    (2026-11-30): the chain kernel beat the path kernel on every chain row (5.25 vs 12.0 us at B = 1, 120.8 vs
-    189.8 at B = 64, 463.5 vs 727.5 at B = 256; run 3); the split launch beat the single one at (3, 3, 3)
-    B = 256 (1786.3 vs 2019.1 us), B = 64 (456.9 vs 514.9) and (2, 2, 2) B = 256 (649.5 vs 817.9), and lost at
-    (3, 3, 3) B = 1 (18.7 vs 15.9; run 6)."""
-    del T   # the choice does not need it today; kept so that a measured threshold can be added in one place
+def select_kernel(T: int, B: int, chain: bool, state_bf16: bool = False) -> str:
+    """The kernel family for a window of T nodes over B requests; ``chain``: parents[t] = t - 1 for all;
+    ``state_bf16``: the state is stored in bf16.
+
+    Chains (decode windows, T = 1, included) take the chain kernel at every batch size, except over a bf16 state
+    from SPLIT_MIN_BATCH requests on, where the dense kernel's state products take one bf16 pass (291.6 vs
+    391.8 us for a chain of 4 at B = 256, H200, 2026-11-30); other trees the path
+    kernel in one launch below SPLIT_MIN_BATCH requests, and from there on the dense kernel (up to DENSE_MAX_NODES
+    nodes) or the split path launch. On the H200 (2026-11-30, benchmarks/NOTES.md v8): the dense kernel beat the
+    split launch at (3, 3, 3) B = 256 (1281.5 vs 1480.0 us), B = 64 (333.0 vs 379.95) and (2, 2, 2) B = 256 (528.3
+    vs 651.87), and lost to the path kernel at (3, 3, 3) B = 1 (28.5 vs 13.73); the chain kernel beat it on chains
+    (463.42 vs 476.7 us at B = 256)."""
     if chain:
-        return "chain"
-    return "path_split" if B >= SPLIT_MIN_BATCH else "path"
+        return "dense" if state_bf16 and B >= SPLIT_MIN_BATCH and T <= DENSE_MAX_NODES else "chain"
+    if B < SPLIT_MIN_BATCH:
+        return "path"
+    return "dense" if T <= DENSE_MAX_NODES else "path_split"

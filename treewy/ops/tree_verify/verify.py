@@ -14,14 +14,15 @@ from treewy.ops._triton import is_capturing
 from treewy.ops.checks import check_gdn_kernel_inputs, check_pending
 from treewy.ops.tree_verify.chain import chain_fwd, tree_verify_chain_kernel
 from treewy.ops.tree_verify.common import MAX_KERNEL_NODES
+from treewy.ops.tree_verify.dense import dense_fwd, tree_verify_dense_kernel
 from treewy.ops.tree_verify.path import path_fwd, path_tables_kernel, tree_verify_path_kernel
 from treewy.ops.tree_verify.select import KERNELS, select_kernel
 from treewy.ops.tree_verify.tuning import check_dot_precision
 from treewy.tree import DraftTree, path_depth
 
 #: The kernels behind each family name (launch order), for profilers and the offline compiler.
-KERNEL_FNS = {"chain": (tree_verify_chain_kernel,), "path": (tree_verify_path_kernel,),
-              "path_split": (path_tables_kernel, tree_verify_path_kernel)}
+KERNEL_FNS = {"chain": (tree_verify_chain_kernel,), "dense": (tree_verify_dense_kernel,),
+              "path": (tree_verify_path_kernel,), "path_split": (path_tables_kernel, tree_verify_path_kernel)}
 
 
 def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, use_qk_l2norm_in_kernel=False,
@@ -31,7 +32,7 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
 
     ``pending``: a PendingCommit whose parents and accepted are int32 device tensors (validated), or None;
     ``initial_state`` is then updated in place. ``chain``: the window is a chain (parents[t] = t - 1, not
-    checked here); with ``kernel`` None the family is ``select_kernel(T, B, chain)``. ``kernel``: one of
+    checked here); with ``kernel`` None the family is ``select_kernel(T, B, chain, state in bf16)``. ``kernel``: one of
     KERNELS to force it. ``max_depth``: a bound on every request's tree depth (sizes the path kernel's tables;
     None: T - 1, always enough; a window deeper than the bound gets NaN outputs, never wrong ones).
     ``dot_precision``: None (the device default, see tuning.default_dot_precision), "tf32", "ieee" or
@@ -44,12 +45,16 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"kernel = {kernel!r}: expected None or one of {KERNELS}")
     B, T = q.shape[:2]
-    kernel = kernel or select_kernel(T, B, chain)
+    kernel = kernel or select_kernel(T, B, chain, initial_state.dtype == torch.bfloat16)
     o = torch.empty_like(v)
     u = torch.empty(v.shape, device=v.device, dtype=torch.float32)
     if kernel == "chain":
         return chain_fwd(q, k, v, g, beta, initial_state, num_nodes, pending, scale, use_qk_l2norm_in_kernel, o, u,
                          config=config, state_indices=state_indices)
+    if kernel == "dense":
+        return dense_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, num_nodes, pending, scale,
+                         use_qk_l2norm_in_kernel, o, u, check_dot_precision(dot_precision, v.device), config=config,
+                         state_indices=state_indices)
     return path_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, num_nodes, pending, scale,
                     use_qk_l2norm_in_kernel, o, u, check_dot_precision(dot_precision, v.device),
                     max_depth=T - 1 if chain else max_depth, config=config, state_indices=state_indices,
