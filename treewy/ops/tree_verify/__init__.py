@@ -1,6 +1,6 @@
 """Tree verification of the gated delta rule, in fla's manner: the references (``reference.py``, and
-``treewy.ops.naive``), one file per kernel family (``chain.py``, ``path.py``), the pending commit's fold written
-once (``fold.py``), the choice of family (``select.py``) and the launcher and public function
+``treewy.ops.naive``), one file per kernel family (``chain.py``, ``dense.py``, ``path.py``), the pending commit's
+fold written once (``fold.py``), the choice of family (``select.py``) and the launcher and public function
 (``verify.py``). README.md holds the derivation and which kernel serves which window, as last measured.
 
 On a machine without CUDA, importing this package sets TRITON_INTERPRET=1 (see treewy/ops/_triton.py).
