@@ -127,27 +127,32 @@ def check_all():
                     jobs.append(("path", dict(T=T, PT=T, BV=bv, BK=bk, row_bk=row_bk, prefetch=prefetch,
                                               precision=prec, fp32_inputs=False, split=split), w, st))
         for prec in ("tf32", "ieee"):
-            for bv, w, st in DENSE_CONFIGS[(prec, BT)]:
-                jobs.append(("dense", dict(T=T, PT=T, BV=bv, precision=prec, fp32_inputs=False), w, st))
+            for bv, w, st, cap in DENSE_CONFIGS[(prec, BT)]:
+                jobs.append(("dense", dict(T=T, PT=T, BV=bv, precision=prec, fp32_inputs=False, maxnreg=cap), w, st))
         for row_bk, w in TABLE_CONFIGS:
             jobs.append(("tables", dict(T=T, PT=T, BV=0, row_bk=row_bk, precision="tf32", fp32_inputs=False), w, 1))
     fns = {"chain": tree_verify_chain_kernel.fn, "dense": tree_verify_dense_kernel.fn,
            "path": tree_verify_path_kernel.fn, "tables": path_tables_kernel.fn}
-    bad = 0
+    bad, traded = 0, 0
     for name, kw, warps, stages in jobs:
         args = SimpleNamespace(**{**base, **kw, "kernel": name})
         inputs = "*fp32" if args.fp32_inputs else "*bf16"
         pointers = {**POINTERS, "q": inputs, "k": inputs, "v": inputs, "o": inputs, "pk": inputs}
-        rep = report(compile_sm90(fns[name], constexprs(args), pointers, warps, stages))
-        bad += rep["stack"] != 0
+        rep = report(compile_sm90(fns[name], constexprs(args), pointers, warps, stages, getattr(args, "maxnreg", None)))
+        # the dense kernel's register-capped and BT = 64 configs spill by design: timed against each other on the GPU
+        # (benchmarks/NOTES.md, v8), so they are counted apart
+        by_design = name == "dense" and (args.T > 32 or getattr(args, "maxnreg", None))
+        traded += rep["stack"] != 0 and bool(by_design)
+        bad += rep["stack"] != 0 and not by_design
         print(f"{name:10s} T={args.T:2d} {args.precision:4s} {'fp32' if args.fp32_inputs else 'bf16'} in  "
               f"BV={args.BV:3d} BK={args.BK or '-'!s:>3s} warps={warps} stages={stages}"
               + (f" fold rows {args.fold_rows}" if args.fold_rows else "")
               + (f" row_bk {args.row_bk}{' prefetch' if args.prefetch else ''}" if name in ("path", "tables") else "")
               + (" split" if args.split else "")
+              + (f" maxnreg {args.maxnreg}" if getattr(args, "maxnreg", None) else "")
               + ": registers "
               f"{rep['registers']:3d}, stack {rep['stack']}", flush=True)
-    print(f"{len(jobs)} configs, {bad} with spills")
+    print(f"{len(jobs)} configs, {bad} with spills (and {traded} dense configs that spill by design)")
     return 1 if bad else 0
 
 

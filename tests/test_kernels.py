@@ -371,8 +371,8 @@ def test_triton_imported_before_treewy_is_a_clear_error():
 
 def test_offline_compile_reports_registers_and_sass():
     """benchmarks/compile_offline.py compiles the verify kernels for sm_90 without a GPU (Triton's ptxas): the
-    chain kernel, the path kernel on tensor cores (one launch, and the split launch's two kernels), without
-    spills."""
+    chain kernel, the path kernel on tensor cores (one launch, and the split launch's two kernels) and the dense
+    kernel at a (2,2,2) window, without spills."""
     import ast
     import os
     import subprocess
@@ -385,7 +385,8 @@ def test_offline_compile_reports_registers_and_sass():
     for args, mma in ((["--kernel", "chain", "--BV", "8", "--K", "64", "--V", "64"], False),
                       (["--kernel", "path", "--T", "4", "--BV", "32", "--BK", "64", "--warps", "4"], True),
                       (["--kernel", "path", "--split", "--T", "40", "--BV", "32", "--BK", "32", "--warps", "4"], True),
-                      (["--kernel", "tables", "--T", "40", "--warps", "4"], False)):
+                      (["--kernel", "tables", "--T", "40", "--warps", "4"], False),
+                      (["--kernel", "dense", "--T", "15", "--BV", "32", "--warps", "4"], True)):
         out = subprocess.run([sys.executable, tool, *args], capture_output=True, text=True, env=env, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         rep = ast.literal_eval(out.stdout.strip().splitlines()[-1])
