@@ -83,16 +83,18 @@ def _input_dot(b_a, b_b, b_acc, DOT_PRECISION: tl.constexpr, EXACT: tl.constexpr
 def _state_dot(b_a, b_h, b_acc, PARTS: tl.constexpr, EXACT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                SPLIT: tl.constexpr, INPUT_BF16: tl.constexpr, STATE_BF16: tl.constexpr):
     """b_acc + a @ h for keys or queries a [BT, BK] as loaded and a state tile h [BK, BV] in fp32. bf16 a (SPLIT
-    mode): h as a sum of PARTS bf16 parts, each the rounding of what the ones before leave, each product exact.
-    Otherwise ``_dot_fp32``, fp32-level where EXACT and SPLIT, else one tf32 pass."""
+    mode): h as a sum of PARTS bf16 parts, each the rounding of what the ones before leave, each product exact
+    (one part for a state stored in bf16, which is exact in it). Otherwise ``_dot_fp32``, fp32-level where EXACT
+    and SPLIT, else one tf32 pass."""
     if INPUT_BF16 and DOT_PRECISION != "ieee" and SPLIT:
         b_p = b_h.to(tl.bfloat16)
         b_acc = tl.dot(b_a, b_p, b_acc)
-        b_r = b_h
-        for _ in tl.static_range(PARTS - 1):
-            b_r = b_r - b_p.to(tl.float32)
-            b_p = b_r.to(tl.bfloat16)
-            b_acc = tl.dot(b_a, b_p, b_acc)
+        if not STATE_BF16:
+            b_r = b_h
+            for _ in tl.static_range(PARTS - 1):
+                b_r = b_r - b_p.to(tl.float32)
+                b_p = b_r.to(tl.bfloat16)
+                b_acc = tl.dot(b_a, b_p, b_acc)
         return b_acc
     return _dot_fp32(b_a.to(tl.float32), b_h, b_acc, DOT_PRECISION, SPLIT and EXACT, INPUT_BF16, STATE_BF16)
 
@@ -135,8 +137,7 @@ def tree_verify_dense_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, BPT: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr,
     HAS_PENDING: tl.constexpr, PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
-    INPUT_BF16: tl.constexpr, STATE_BF16: tl.constexpr, XK_PARTS: tl.constexpr, XQ_PARTS: tl.constexpr,
-    FOLD_ROWS: tl.constexpr, HAS_STATE_INDICES: tl.constexpr,
+    INPUT_BF16: tl.constexpr, STATE_BF16: tl.constexpr, FOLD_ROWS: tl.constexpr, HAS_STATE_INDICES: tl.constexpr,
 ):
     i_bh = tl.program_id(0)
     i_b, i_hv = i_bh // HV, i_bh % HV
@@ -209,10 +210,10 @@ def tree_verify_dense_kernel(
             if a >= 0:
                 tl.store(p_h + o_v[None, :] * K + o_k[:, None], b_h, mask=m_h)
             b_h = b_h.to(tl.float32)  # verify from exactly the state that is stored
-        b_xk = _state_dot(b_k, b_h, tl.zeros([BT, BV], dtype=tl.float32), XK_PARTS, True, DOT_PRECISION, SPLIT,
-                          INPUT_BF16, STATE_BF16)
-        b_xq = _state_dot(b_q, b_h, tl.zeros([BT, BV], dtype=tl.float32), XQ_PARTS, False, DOT_PRECISION, SPLIT,
-                          INPUT_BF16, STATE_BF16)
+        b_xk = _state_dot(b_k, b_h, tl.zeros([BT, BV], dtype=tl.float32), 3, True, DOT_PRECISION, SPLIT,
+                          INPUT_BF16, STATE_BF16)   # feeds u: fp32-level
+        b_xq = _state_dot(b_q, b_h, tl.zeros([BT, BV], dtype=tl.float32), 2, False, DOT_PRECISION, SPLIT,
+                          INPUT_BF16, STATE_BF16)   # feeds only the outputs
         p_tv = (i_b64 * T + o_t[:, None]) * HV * V + i_hv * V + o_v[None, :]
         b_v = tl.load(v + p_tv, mask=m_t[:, None] & m_v[None, :], other=0).to(tl.float32)
         b_R = b_beta[:, None] * b_v - b_ck[:, None] * b_xk
@@ -237,7 +238,6 @@ def dense_fwd(q, k, v, g, beta, state, parents, stride_pb, num_nodes, pending, s
     fn, tuned = (tree_verify_dense_kernel, {}) if config is None else (tree_verify_dense_kernel.fn,
                                                                          dict(config.all_kwargs()))
     bf16 = q.dtype == k.dtype == torch.bfloat16
-    state_bf16 = state.dtype == torch.bfloat16
     fn[(B * HV,)](
         q, k, v, g, beta, state, parents, num_nodes if num_nodes is not None else parents, o, u,
         pu, pk, pg, ppar, pacc, u if state_indices is None else state_indices,
@@ -245,8 +245,7 @@ def dense_fwd(q, k, v, g, beta, state, parents, stride_pb, num_nodes, pending, s
         H=H, HV=HV, K=K, V=V, BT=max(16, triton.next_power_of_2(T)), BK=max(16, triton.next_power_of_2(K)),
         BPT=triton.next_power_of_2(max(PT, 2)), USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
         HAS_NUM_NODES=num_nodes is not None, HAS_PENDING=pending is not None, PENDING_L2NORM=pl2,
-        DOT_PRECISION=prec, SPLIT=split, INPUT_BF16=bf16, STATE_BF16=state_bf16,
-        XK_PARTS=1 if state_bf16 else 3, XQ_PARTS=1 if state_bf16 else 2, FOLD_ROWS=FOLD_ROWS,
+        DOT_PRECISION=prec, SPLIT=split, INPUT_BF16=bf16, STATE_BF16=state.dtype == torch.bfloat16, FOLD_ROWS=FOLD_ROWS,
         HAS_STATE_INDICES=state_indices is not None, **tuned,
     )
     return o, u
