@@ -31,13 +31,13 @@ from treewy.tree import DraftTree
 
 CHAIN3 = DraftTree.chain(3)
 TREE333 = DraftTree.from_widths((3, 3, 3))
-CASES = {  # name: (tree, B, kernel families); split launches: their streaming kernel's configs (tables kernel pinned)
-    "chain3 B256": (CHAIN3, 256, ("chain", "path", "dense", "dense_split")),
-    "333 B256": (TREE333, 256, ("path", "path_split", "dense", "dense_split")),
-    "222 B256": (DraftTree.from_widths((2, 2, 2)), 256, ("path_split", "dense", "dense_split")),
-    "333 B64": (TREE333, 64, ("path_split", "dense", "dense_split")),
+CASES = {  # name: (tree, B, kernel families); path_split: its streaming kernel's configs (tables kernel pinned)
+    "chain3 B256": (CHAIN3, 256, ("chain", "path", "dense")),
+    "333 B256": (TREE333, 256, ("path", "path_split", "dense")),
+    "222 B256": (DraftTree.from_widths((2, 2, 2)), 256, ("path_split", "dense")),
+    "333 B64": (TREE333, 64, ("path_split", "dense")),
     "chain3 B1": (CHAIN3, 1, ("chain", "path", "dense")),
-    "333 B1": (TREE333, 1, ("path", "dense", "dense_split")),
+    "333 B1": (TREE333, 1, ("path", "dense")),
 }
 OPS = ("FFMA", "FMUL", "FADD", "SHFL", "LDS", "STS", "LDSM", "BAR", "HMMA", "LDG", "STG", "LDL", "STL", "MUFU")
 
@@ -79,7 +79,7 @@ def time_configs(args, log):
             bt = triton.next_power_of_2(BT)
             bt = max(16, bt) if name != "chain" else bt
             cfgs = kern.early_config_prune(kern.configs, {"BT": bt, "K": K, "V": V, "DOT_PRECISION": "tf32",
-                                                          "HAS_TABLES": name.endswith("_split")})
+                                                          "HAS_TABLES": name == "path_split"})
             for cfg in cfgs:
                 if time.time() - t0 > args.deadline:
                     log(f"deadline {args.deadline} s reached: {case} {name} {cfg} and later configs not timed")

@@ -124,12 +124,6 @@ FORCED = [  # id, kernel, B, H, HV, K, V, previous window, new window
     ("dense-chain33-k33", "dense", 2, 1, 1, 33, 16, DraftTree.chain(2).parents, DraftTree.chain(33).parents),
     ("dense-star5-after-chain", "dense", 2, 2, 4, 16, 13, DraftTree.chain(3).parents,
      DraftTree.from_widths((5,)).parents),
-    # its split launch: (I + M)^-1, W, ck, cq in a kernel of their own, then one program per value tile
-    ("dense_split-tree333-after-tree", "dense_split", 2, 1, 2, 20, 40, DraftTree.from_widths((2, 2)).parents,
-     DraftTree.from_widths((3, 3, 3)).parents),
-    ("dense_split-per-request-after-tree", "dense_split", 3, 2, 4, 24, 20, "per-request-9", "per-request-19"),
-    ("dense_split-chain33-k33", "dense_split", 2, 1, 1, 33, 16, DraftTree.chain(2).parents,
-     DraftTree.chain(33).parents),
 ]
 
 
@@ -295,8 +289,7 @@ def test_rejects_bad_kernel_precision_and_chain_flags():
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel,widths", [("chain", (1, 1, 1)), ("path", (1, 1, 1)), ("path", (2, 2, 2)),
                                            ("path", (3, 3, 3)), ("dense", (1, 1, 1)), ("dense", (2, 2, 2)),
-                                           ("dense", (3, 3, 3)), ("dense_split", (2, 2, 2)),
-                                           ("dense_split", (3, 3, 3))], ids=str)
+                                           ("dense", (3, 3, 3))], ids=str)
 @pytest.mark.parametrize("precision", ["tf32", "ieee"])
 def test_model_shapes_bf16_within_twice_the_input_rounding_error(kernel, widths, precision):
     """bf16 q, k, v: the kernel's error against the fp64 reference on the fp32 inputs stays within twice the

@@ -30,15 +30,14 @@ import triton
 import triton.language as tl
 
 from treewy.ops._triton import INTERPRET
-from treewy.ops.tree_verify.common import _ancestors, _dot_fp32, _program, _tf32_hi
+from treewy.ops.tree_verify.common import _ancestors, _dot_fp32, _tf32_hi
 from treewy.ops.tree_verify.select import DENSE_MAX_NODES
 from treewy.ops.tree_verify.fold import (FOLD_PAD, FOLD_ROWS, _fold_row, _fold_slot, _fold_tile, _pending_key_scale,
                                          _pending_path, _request_bases)
 from treewy.ops.tree_verify.tuning import AUTOTUNE_EXTRA, KEY, batch_bucket, fit_v, pending_args
 
-#: (BV, warps, stages, register cap) the kernel is tuned over, per precision and padded window BT, in one launch
-#: (CONFIGS) and as the split launch's streaming kernel (STREAM_CONFIGS: one value tile per program). A cap below
-#: what the compiler would take fits more programs per SM at the price of spills; the autotuner weighs the two.
+#: (BV, warps, stages, register cap) the kernel is tuned over, per precision and padded window BT. A cap below what
+#: the compiler would take fits more programs per SM at the price of spills; the autotuner weighs the two.
 CONFIGS = {
     ("tf32", 16): ((32, 4, 1, None), (32, 4, 1, 128), (64, 4, 1, None), (64, 4, 1, 168), (128, 8, 1, None)),
     ("tf32", 32): ((32, 4, 1, None), (32, 4, 1, 168), (64, 4, 1, None), (64, 8, 1, None)),
@@ -46,15 +45,6 @@ CONFIGS = {
     ("ieee", 16): ((32, 4, 1, None), (64, 4, 1, None)),
     ("ieee", 32): ((32, 4, 1, None), (32, 8, 1, None)),
     ("ieee", 64): ((16, 4, 1, None), (32, 8, 1, None)),
-}
-STREAM_CONFIGS = {
-    ("tf32", 16): ((32, 4, 1, None), (64, 4, 1, None), (64, 4, 1, 128), (128, 8, 1, None)),
-    ("tf32", 32): ((32, 4, 1, None), (32, 4, 1, 128), (64, 4, 1, None), (64, 8, 1, None)),
-    ("tf32", 64): ((16, 4, 1, None), (32, 4, 1, None), (32, 4, 1, 128), (32, 4, 1, 168), (64, 4, 1, None),
-                   (64, 8, 1, None)),
-    ("ieee", 16): ((32, 4, 1, None), (64, 4, 1, None)),
-    ("ieee", 32): ((16, 4, 1, None), (32, 4, 1, None)),
-    ("ieee", 64): ((16, 4, 1, None), (32, 4, 1, None), (32, 8, 1, None)),
 }
 
 
@@ -70,14 +60,13 @@ def _config_key(c):
 def _configs():
     if INTERPRET:
         return [config(16, 4, 1)]
-    every = {c for table in (CONFIGS, STREAM_CONFIGS) for cs in table.values() for c in cs}
-    return [config(*c) for c in sorted(every, key=str)]
+    return [config(*c) for c in sorted({c for cs in CONFIGS.values() for c in cs}, key=str)]
 
 
 def _prune(configs, named_args, **kwargs):
-    """The configs listed for the launch's precision, padded window and launch mode (no wider than V)."""
+    """The configs listed for the launch's precision and padded window (no wider than V)."""
     args = {**named_args, **kwargs}
-    keep = (STREAM_CONFIGS if args["HAS_TABLES"] else CONFIGS)[(args["DOT_PRECISION"], args["BT"])]
+    keep = CONFIGS[(args["DOT_PRECISION"], args["BT"])]
     return [c for c in fit_v(configs, named_args, **kwargs) if _config_key(c) in keep] or configs[:1]
 
 
@@ -137,13 +126,38 @@ def _apply_inverse(b_Xh, b_Xl, b_R, DOT_PRECISION: tl.constexpr, SPLIT: tl.const
     return tl.dot(b_Xl, b_Rh, b_U, input_precision="tf32")
 
 
-@triton.jit
-def _wy_tiles(b_k, b_q, b_beta, parents, g, i_b64, i_hv, o_t, m_t, stride_pb, scale, T, HV: tl.constexpr,
-              BT: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-              SPLIT: tl.constexpr, INPUT_BF16: tl.constexpr):
-    """Steps 1-3 for one (request, value head): ((I + M)^-1, W = P (I + M)^-1, ck = beta exp(G) / ||k||,
-    cq = scale exp(G) / ||q||), zero rows past the request's nodes."""
+@triton.autotune(configs=_configs(), key=KEY + ["DOT_PRECISION", "SPLIT", "INPUT_BF16", "STATE_BF16"],
+                 restore_value=["h0"],
+                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune}, **AUTOTUNE_EXTRA)
+@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb", "stride_pu", "stride_pk", "stride_pg",
+                               "B_BUCKET"])
+def tree_verify_dense_kernel(
+    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc, state_idx,
+    stride_hb, stride_pb, stride_ppb, stride_pu, stride_pk, stride_pg, scale, T, PT, B_BUCKET,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, BPT: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr,
+    HAS_PENDING: tl.constexpr, PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+    INPUT_BF16: tl.constexpr, STATE_BF16: tl.constexpr, FOLD_ROWS: tl.constexpr, HAS_STATE_INDICES: tl.constexpr,
+):
+    i_bh = tl.program_id(0)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_b64 = i_b.to(tl.int64)
+    i_h = i_hv // (HV // H)
+    h0, pu, pk, pg, ppar, pacc = _request_bases(i_b, i_b64, h0, pu, pk, pg, ppar, pacc, state_idx, stride_hb,
+                                                stride_pu, stride_pk, stride_pg, stride_ppb, HAS_STATE_INDICES)
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
+    m_t = o_t < n_b
+
+    # the tree, the Gram tiles, M and P
     m_anc, b_G, n_depth = _ancestors(parents, g, i_b64, i_hv, o_t, m_t, stride_pb, T, HV)
+    b_beta = tl.load(beta + (i_b64 * T + o_t) * HV + i_hv, mask=m_t, other=0).to(tl.float32)
+    p_qk = (i_b64 * T + o_t) * H + i_h
+    m_tk = m_t[:, None] & m_k[None, :]
+    b_k = tl.load(k + p_qk[:, None] * K + o_k[None, :], mask=m_tk, other=0)
+    b_q = tl.load(q + p_qk[:, None] * K + o_k[None, :], mask=m_tk, other=0)
     m_eye = o_t[:, None] == o_t[None, :]
     # decays of ancestor pairs only (exp(G_t - G_i) <= 1), masked before the exponential
     b_dec = tl.where(m_anc, tl.exp(tl.where(m_anc, b_G[:, None] - b_G[None, :], float("-inf"))), 0.0)
@@ -159,106 +173,15 @@ def _wy_tiles(b_k, b_q, b_beta, parents, g, i_b64, i_hv, o_t, m_t, stride_pb, sc
     b_QK = _input_dot(b_q, tl.trans(b_k), tl.zeros([BT, BT], dtype=tl.float32), DOT_PRECISION, False, INPUT_BF16)
     b_P = (scale * b_rq)[:, None] * b_rk[None, :] * b_dec * b_QK
     b_W = tl.dot(b_P, b_X, input_precision=DOT_PRECISION)
-    b_eG = tl.where(m_t, tl.exp(b_G), 0.0)
-    return b_X, b_W, b_beta * b_eG * b_rk, scale * b_eG * b_rq
-
-
-@triton.jit
-def _load_keys(q, k, beta, i_b64, i_hv, i_h, o_t, m_t, o_k, m_k, T, H: tl.constexpr, HV: tl.constexpr,
-               K: tl.constexpr):
-    """The window's keys and queries [BT, BK] as stored, and beta [BT] (zero rows past the request's nodes)."""
-    p_qk = (i_b64 * T + o_t) * H + i_h
-    m_tk = m_t[:, None] & m_k[None, :]
-    b_k = tl.load(k + p_qk[:, None] * K + o_k[None, :], mask=m_tk, other=0)
-    b_q = tl.load(q + p_qk[:, None] * K + o_k[None, :], mask=m_tk, other=0)
-    b_beta = tl.load(beta + (i_b64 * T + o_t) * HV + i_hv, mask=m_t, other=0).to(tl.float32)
-    return b_k, b_q, b_beta
-
-
-def table_floats(T: int) -> int:
-    """Floats per (request, value head) the split launch passes between its kernels: (I + M)^-1 and W [T, T],
-    ck and cq [T]."""
-    return 2 * T * T + 2 * T
-
-
-#: num_warps the split launch's first kernel is tuned over (the first: what a pinned launch runs).
-TABLE_WARPS = (4,) if INTERPRET else (4, 8)
-
-
-@triton.autotune(configs=[triton.Config({}, num_warps=w) for w in TABLE_WARPS],
-                 key=["B_BUCKET", "BT", "H", "HV", "K", "USE_QK_L2NORM_IN_KERNEL", "HAS_NUM_NODES", "DOT_PRECISION",
-                      "SPLIT", "INPUT_BF16"], **AUTOTUNE_EXTRA)
-@triton.jit(do_not_specialize=["T", "stride_pb", "B_BUCKET"])
-def dense_tables_kernel(q, k, g, beta, parents, num_nodes, tab, stride_pb, scale, T, B_BUCKET, H: tl.constexpr,
-                        HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                        USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, INPUT_BF16: tl.constexpr):
-    """The split launch's first kernel: steps 1-3 once per (request, value head), written to ``tab``
-    (``table_floats(T)`` per program) for the streaming kernel."""
-    i_bh = tl.program_id(0)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_b64 = i_b.to(tl.int64)
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
-    m_t = o_t < n_b
-    b_k, b_q, b_beta = _load_keys(q, k, beta, i_b64, i_hv, i_hv // (HV // H), o_t, m_t, o_k, o_k < K, T, H, HV, K)
-    b_X, b_W, b_ck, b_cq = _wy_tiles(b_k, b_q, b_beta, parents, g, i_b64, i_hv, o_t, m_t, stride_pb, scale, T, HV,
-                                     BT, USE_QK_L2NORM_IN_KERNEL, DOT_PRECISION, SPLIT, INPUT_BF16)
-    p = tab + (i_b64 * HV + i_hv) * (2 * T * T + 2 * T)
-    m_r = o_t < T
-    m_tt = m_r[:, None] & m_r[None, :]
-    tl.store(p + o_t[:, None] * T + o_t[None, :], b_X, mask=m_tt)
-    tl.store(p + T * T + o_t[:, None] * T + o_t[None, :], b_W, mask=m_tt)
-    tl.store(p + 2 * T * T + o_t, b_ck, mask=m_r)
-    tl.store(p + 2 * T * T + T + o_t, b_cq, mask=m_r)
-
-
-@triton.autotune(configs=_configs(), key=KEY + ["DOT_PRECISION", "SPLIT", "INPUT_BF16", "STATE_BF16", "HAS_TABLES"],
-                 restore_value=["h0"],
-                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune}, **AUTOTUNE_EXTRA)
-@triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb", "stride_pu", "stride_pk", "stride_pg",
-                               "B_BUCKET"])
-def tree_verify_dense_kernel(
-    q, k, v, g, beta, h0, parents, num_nodes, o, u, pu, pk, pg, ppar, pacc, state_idx, tab,
-    stride_hb, stride_pb, stride_ppb, stride_pu, stride_pk, stride_pg, scale, T, PT, B_BUCKET,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, BPT: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_NUM_NODES: tl.constexpr,
-    HAS_PENDING: tl.constexpr, PENDING_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
-    INPUT_BF16: tl.constexpr, STATE_BF16: tl.constexpr, FOLD_ROWS: tl.constexpr, HAS_STATE_INDICES: tl.constexpr,
-    HAS_TABLES: tl.constexpr,
-):
-    """One program per (request, value head) over all value tiles (grid (1, B * HV)), or with HAS_TABLES per
-    (value tile, request, value head) (grid (V / BV, B * HV)), steps 1-3 read from ``dense_tables_kernel``'s
-    ``tab``."""
-    i_vt, i_b, i_b64, i_hv, i_h = _program(H, HV)
-    h0, pu, pk, pg, ppar, pacc = _request_bases(i_b, i_b64, h0, pu, pk, pg, ppar, pacc, state_idx, stride_hb,
-                                                stride_pu, stride_pk, stride_pg, stride_ppb, HAS_STATE_INDICES)
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    n_b = tl.load(num_nodes + i_b) if HAS_NUM_NODES else T
-    m_t = o_t < n_b
-    b_k, b_q, b_beta = _load_keys(q, k, beta, i_b64, i_hv, i_h, o_t, m_t, o_k, m_k, T, H, HV, K)
-    if HAS_TABLES:
-        p_tab = tab + (i_b64 * HV + i_hv) * (2 * T * T + 2 * T)
-        m_r = o_t < T
-        m_tt = m_r[:, None] & m_r[None, :]
-        b_X = tl.load(p_tab + o_t[:, None] * T + o_t[None, :], mask=m_tt, other=0)
-        b_W = tl.load(p_tab + T * T + o_t[:, None] * T + o_t[None, :], mask=m_tt, other=0)
-        b_ck = tl.load(p_tab + 2 * T * T + o_t, mask=m_r, other=0)
-        b_cq = tl.load(p_tab + 2 * T * T + T + o_t, mask=m_r, other=0)
-        i_v0, i_v1 = i_vt, i_vt + 1
-    else:
-        b_X, b_W, b_ck, b_cq = _wy_tiles(b_k, b_q, b_beta, parents, g, i_b64, i_hv, o_t, m_t, stride_pb, scale, T,
-                                         HV, BT, USE_QK_L2NORM_IN_KERNEL, DOT_PRECISION, SPLIT, INPUT_BF16)
-        i_v0, i_v1 = 0, tl.cdiv(V, BV)
     if DOT_PRECISION == "ieee" or not SPLIT:
         b_Xh = b_X
         b_Xl = b_X
     else:
         b_Xh = _tf32_hi(b_X)
         b_Xl = b_X - b_Xh
+    b_eG = tl.where(m_t, tl.exp(b_G), 0.0)
+    b_ck = b_beta * b_eG * b_rk
+    b_cq = scale * b_eG * b_rq
 
     if HAS_PENDING:
         a, o_p, rank, n_path, b_C, b_w = _pending_path(0, 0, i_hv, pg, ppar, pacc, 0, PT, HV, BPT)
@@ -269,7 +192,7 @@ def tree_verify_dense_kernel(
         i_s2, b_w2 = _fold_slot(o_p, rank, b_w, 2)
         i_s3, b_w3 = _fold_slot(o_p, rank, b_w, 3)
     p_h = h0 + i_hv * V * K
-    for i_v in range(i_v0, i_v1):
+    for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
         m_h = m_k[:, None] & m_v[None, :]
@@ -302,41 +225,27 @@ def tree_verify_dense_kernel(
 
 
 def dense_fwd(q, k, v, g, beta, state, parents, stride_pb, num_nodes, pending, scale, use_qk_l2norm_in_kernel, o,
-              u, dot_precision, config=None, state_indices=None, split=False):
+              u, dot_precision, config=None, state_indices=None):
     """Launch the dense kernel (inputs validated; parents int32 on the device; T <= DENSE_MAX_NODES). Writes o
-    and u, folds ``pending`` into the state. ``config``: a ``triton.Config`` of the streaming kernel to launch
-    instead of autotuning (the tables kernel then runs TABLE_WARPS[0]).
-
-    ``split``: two launches, ``dense_tables_kernel`` per (request, value head) and then the streaming kernel per
-    value tile reading its tables (``HAS_TABLES``), instead of one program per (request, value head) doing both."""
+    and u, folds ``pending`` into the state. ``config``: a ``triton.Config`` to launch instead of autotuning."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if T > DENSE_MAX_NODES:
         raise ValueError(f"the dense kernel takes windows of at most {DENSE_MAX_NODES} nodes, got T = {T}; use "
                          "kernel='path' or kernel=None")
-    prec, tf32_split = ("ieee", False) if dot_precision == "ieee" else ("tf32", dot_precision == "tf32")
+    prec, split = ("ieee", False) if dot_precision == "ieee" else ("tf32", dot_precision == "tf32")
     pu, pk, pg, ppar, pacc, PT, stride_ppb, pl2, pending_strides = pending_args(pending, u)
-    nn = num_nodes if num_nodes is not None else parents
-    BT, BK = max(16, triton.next_power_of_2(T)), max(16, triton.next_power_of_2(K))
-    bf16 = q.dtype == k.dtype == torch.bfloat16
-    tab = u   # never read without HAS_TABLES
-    if split:
-        tab = torch.empty(B * HV * table_floats(T), device=q.device, dtype=torch.float32)
-        tfn, ttuned = (dense_tables_kernel, {}) if config is None else (dense_tables_kernel.fn,
-                                                                        {"num_warps": TABLE_WARPS[0]})
-        tfn[(B * HV,)](q, k, g, beta, parents, nn, tab, stride_pb, scale, T, batch_bucket(B), H=H, HV=HV, K=K, BT=BT,
-                       BK=BK, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, HAS_NUM_NODES=num_nodes is not None,
-                       DOT_PRECISION=prec, SPLIT=tf32_split, INPUT_BF16=bf16, **ttuned)
     fn, tuned = (tree_verify_dense_kernel, {}) if config is None else (tree_verify_dense_kernel.fn,
                                                                          dict(config.all_kwargs()))
-    fn[lambda meta: (triton.cdiv(V, meta["BV"]) if split else 1, B * HV)](
-        q, k, v, g, beta, state, parents, nn, o, u,
-        pu, pk, pg, ppar, pacc, u if state_indices is None else state_indices, tab,
+    bf16 = q.dtype == k.dtype == torch.bfloat16
+    fn[(B * HV,)](
+        q, k, v, g, beta, state, parents, num_nodes if num_nodes is not None else parents, o, u,
+        pu, pk, pg, ppar, pacc, u if state_indices is None else state_indices,
         state.stride(0), stride_pb, stride_ppb, *pending_strides, scale, T, PT, batch_bucket(B),
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK,
+        H=H, HV=HV, K=K, V=V, BT=max(16, triton.next_power_of_2(T)), BK=max(16, triton.next_power_of_2(K)),
         BPT=triton.next_power_of_2(max(PT, 2)), USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
         HAS_NUM_NODES=num_nodes is not None, HAS_PENDING=pending is not None, PENDING_L2NORM=pl2,
-        DOT_PRECISION=prec, SPLIT=tf32_split, INPUT_BF16=bf16, STATE_BF16=state.dtype == torch.bfloat16,
-        FOLD_ROWS=FOLD_ROWS, HAS_STATE_INDICES=state_indices is not None, HAS_TABLES=split, **tuned,
+        DOT_PRECISION=prec, SPLIT=split, INPUT_BF16=bf16, STATE_BF16=state.dtype == torch.bfloat16, FOLD_ROWS=FOLD_ROWS,
+        HAS_STATE_INDICES=state_indices is not None, **tuned,
     )
     return o, u

@@ -8,10 +8,10 @@ from __future__ import annotations
 #: launch, trees of up to 64 nodes: (I + M)^-1 formed once per value head, then the value tiles streamed), "path"
 #: (one launch, any tree) and "path_split" (any tree: the path kernel's tables in a launch of their own, once
 #: per value head, then the streaming kernel).
-KERNELS = ("chain", "dense", "dense_split", "path", "path_split")
+KERNELS = ("chain", "dense", "path", "path_split")
 
 #: Launches per GDN layer per step of each family.
-LAUNCHES = {"chain": 1, "dense": 1, "dense_split": 2, "path": 1, "path_split": 2}
+LAUNCHES = {"chain": 1, "dense": 1, "path": 1, "path_split": 2}
 
 
 #: Smallest batch from which trees take a per-value-head launch (dense, or path_split past DENSE_MAX_NODES) rather

@@ -14,7 +14,7 @@ from treewy.ops._triton import is_capturing
 from treewy.ops.checks import check_gdn_kernel_inputs, check_pending
 from treewy.ops.tree_verify.chain import chain_fwd, tree_verify_chain_kernel
 from treewy.ops.tree_verify.common import MAX_KERNEL_NODES
-from treewy.ops.tree_verify.dense import dense_fwd, dense_tables_kernel, tree_verify_dense_kernel
+from treewy.ops.tree_verify.dense import dense_fwd, tree_verify_dense_kernel
 from treewy.ops.tree_verify.path import path_fwd, path_tables_kernel, tree_verify_path_kernel
 from treewy.ops.tree_verify.select import KERNELS, select_kernel
 from treewy.ops.tree_verify.tuning import check_dot_precision
@@ -22,7 +22,6 @@ from treewy.tree import DraftTree, path_depth
 
 #: The kernels behind each family name (launch order), for profilers and the offline compiler.
 KERNEL_FNS = {"chain": (tree_verify_chain_kernel,), "dense": (tree_verify_dense_kernel,),
-              "dense_split": (dense_tables_kernel, tree_verify_dense_kernel),
               "path": (tree_verify_path_kernel,), "path_split": (path_tables_kernel, tree_verify_path_kernel)}
 
 
@@ -52,10 +51,10 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     if kernel == "chain":
         return chain_fwd(q, k, v, g, beta, initial_state, num_nodes, pending, scale, use_qk_l2norm_in_kernel, o, u,
                          config=config, state_indices=state_indices)
-    if kernel in ("dense", "dense_split"):
+    if kernel == "dense":
         return dense_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, num_nodes, pending, scale,
                          use_qk_l2norm_in_kernel, o, u, check_dot_precision(dot_precision, v.device), config=config,
-                         state_indices=state_indices, split=kernel == "dense_split")
+                         state_indices=state_indices)
     return path_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, num_nodes, pending, scale,
                     use_qk_l2norm_in_kernel, o, u, check_dot_precision(dot_precision, v.device),
                     max_depth=T - 1 if chain else max_depth, config=config, state_indices=state_indices,
