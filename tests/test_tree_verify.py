@@ -20,7 +20,7 @@ from treewy.ops.tree_verify import (
 )
 from treewy.ops.tree_verify.chain import _configs as chain_configs
 from treewy.ops.tree_verify.reference import path_tables_ref, path_verify_ref
-from treewy.ops.tree_verify.select import SPLIT_MIN_BATCH
+from treewy.ops.tree_verify.select import SPLIT_MIN_BATCH, dense_min_batch
 from treewy.ops.tree_verify.tuning import KEY
 from treewy.testing import random_tree
 from treewy.tree import DraftTree
@@ -218,12 +218,16 @@ def test_every_kernel_honours_num_nodes_and_bf16_state(kernel):
 # ---- the kernel choice ----
 
 def test_selection_is_a_function_of_host_facts():
-    """Chains take the chain kernel at every batch size, trees the path kernel (split from SPLIT_MIN_BATCH
-    requests on); the autotune key holds the batch bucket, not the batch size."""
+    """Chains take the chain kernel at every batch size; trees of up to 16 nodes the dense kernel from 4 requests
+    on, of up to 64 from 8, the path kernel below; wider trees the path kernel, split from SPLIT_MIN_BATCH on; the
+    autotune key holds the batch bucket, not the batch size."""
     assert select_kernel(1, 256, True) == "chain"
     assert select_kernel(4, 1, True) == select_kernel(4, 256, True) == "chain"
-    assert select_kernel(40, 1, False) == "path" and select_kernel(40, SPLIT_MIN_BATCH - 1, False) == "path"
-    assert select_kernel(15, 256, False) == select_kernel(40, SPLIT_MIN_BATCH, False) == "dense"
+    assert select_kernel(15, 3, False) == select_kernel(40, 7, False) == select_kernel(64, 7, False) == "path"
+    assert select_kernel(15, 4, False) == select_kernel(16, 4, False) == select_kernel(40, 8, False) == "dense"
+    assert select_kernel(17, 4, False) == "path" and select_kernel(15, 256, False) == "dense"
+    assert dense_min_batch(65) is None and select_kernel(65, 8, False) == "path"
+    assert select_kernel(65, SPLIT_MIN_BATCH - 1, False) == "path"
     assert select_kernel(65, SPLIT_MIN_BATCH, False) == "path_split"
     assert select_kernel(4, SPLIT_MIN_BATCH, True, state_bf16=True) == "dense"   # one bf16 pass per state product
     assert select_kernel(4, SPLIT_MIN_BATCH - 1, True, state_bf16=True) == "chain"

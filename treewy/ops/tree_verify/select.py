@@ -14,13 +14,24 @@ KERNELS = ("chain", "dense", "path", "path_split")
 LAUNCHES = {"chain": 1, "dense": 1, "path": 1, "path_split": 2}
 
 
-#: Smallest batch from which trees take a per-value-head launch (dense, or path_split past DENSE_MAX_NODES) rather
-#: than the one-launch path kernel: measured faster at B = 64 and 256 and slower at B = 1 (H200, 2026-11-30,
-#: benchmarks/results/targets_h200_2026-11-30.txt); B between 1 and 64 not measured.
+#: Smallest batch from which trees of more than DENSE_MAX_NODES nodes take the split path launch, and chains over a
+#: bf16 state the dense kernel: measured faster at B = 64 and 256 (H200, 2026-11-30,
+#: benchmarks/results/targets_h200_2026-11-30.txt); smaller batches not measured for those.
 SPLIT_MIN_BATCH = 64
 
 #: Most nodes the dense kernel takes (its [BT, BT] tiles live in registers); wider trees take path_split.
 DENSE_MAX_NODES = 64
+
+#: (most nodes, smallest batch): trees of up to that many nodes take the dense kernel from that batch on, the path
+#: kernel below it. Measured (H200, 2026-12-01, benchmarks/results/batch_crossover_h200_2026-12-01.json): (2,2,2)
+#: (15 nodes) path 10.04 vs dense 11.64 us at B = 1, 16.98 vs 12.00 at B = 4; (3,3,3) (40 nodes) 26.13 vs 29.59 at
+#: B = 4, 55.85 vs 41.31 at B = 8.
+DENSE_MIN_BATCH = ((16, 4), (DENSE_MAX_NODES, 8))
+
+
+def dense_min_batch(T: int) -> int | None:
+    """The smallest batch from which a tree of T nodes takes the dense kernel (None: wider than it takes)."""
+    return next((b for nodes, b in DENSE_MIN_BATCH if T <= nodes), None)
 
 
 def select_kernel(T: int, B: int, chain: bool, state_bf16: bool = False) -> str:
@@ -29,14 +40,15 @@ def select_kernel(T: int, B: int, chain: bool, state_bf16: bool = False) -> str:
 
     Chains (decode windows, T = 1, included) take the chain kernel at every batch size, except over a bf16 state
     from SPLIT_MIN_BATCH requests on, where the dense kernel's state products take one bf16 pass (291.6 vs
-    391.8 us for a chain of 4 at B = 256, H200, 2026-11-30); other trees the path
-    kernel in one launch below SPLIT_MIN_BATCH requests, and from there on the dense kernel (up to DENSE_MAX_NODES
-    nodes) or the split path launch. On the H200 (2026-11-30, benchmarks/NOTES.md v8): the dense kernel beat the
-    split launch at (3, 3, 3) B = 256 (1281.5 vs 1480.0 us), B = 64 (333.0 vs 379.95) and (2, 2, 2) B = 256 (528.3
-    vs 651.87), and lost to the path kernel at (3, 3, 3) B = 1 (28.5 vs 13.73); the chain kernel beat it on chains
-    (463.42 vs 476.7 us at B = 256)."""
+    391.8 us for a chain of 4 at B = 256, H200, 2026-11-30). Other trees: the dense kernel from
+    ``dense_min_batch(T)`` requests on, the path kernel in one launch below; trees wider than DENSE_MAX_NODES the
+    path kernel below SPLIT_MIN_BATCH requests and its split launch from there on. On the H200 (benchmarks/NOTES.md
+    v8, v9): the dense kernel beat the split launch at (3, 3, 3) B = 256 (1281.5 vs 1480.0 us), B = 64 (333.0 vs
+    379.95) and (2, 2, 2) B = 256 (528.3 vs 651.87), and the path kernel from 8 requests at (3, 3, 3) and from 4
+    at (2, 2, 2); the chain kernel beat it on chains (463.42 vs 476.7 us at B = 256)."""
     if chain:
         return "dense" if state_bf16 and B >= SPLIT_MIN_BATCH and T <= DENSE_MAX_NODES else "chain"
-    if B < SPLIT_MIN_BATCH:
-        return "path"
-    return "dense" if T <= DENSE_MAX_NODES else "path_split"
+    dense_from = dense_min_batch(T)
+    if dense_from is not None:
+        return "dense" if B >= dense_from else "path"
+    return "path_split" if B >= SPLIT_MIN_BATCH else "path"

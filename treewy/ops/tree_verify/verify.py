@@ -91,11 +91,11 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     left as they are), then the window is verified from it. The next step's pending commit is
     ``PendingCommit(u, k, g, parents, accepted)`` of this window.
 
-    kernel: None (``select_kernel``), "chain" (chains only), "path" or "path_split" (any tree). chain: None finds
-    it from ``parents`` (host data, or the device tensor outside capture); inside a CUDA-graph capture pass it
-    (True / False) so the capture picks the kernel an eager call picks. max_depth: None finds the windows'
-    depth the same way; inside such a capture pass it too (a bound that does not hold gives NaN outputs, never
-    wrong ones). dot_precision: see ``tree_verify_fwd``.
+    kernel: None (``select_kernel``), "chain" (chains only), "dense" (up to 64 nodes), "path" or "path_split" (any
+    tree). chain: None finds it from ``parents`` (host data, or the device tensor outside capture); inside a
+    CUDA-graph capture pass it (True / False) so the capture picks the kernel an eager call picks. max_depth: None
+    finds the windows' depth the same way; inside such a capture pass it too (a bound that does not hold gives NaN
+    outputs, never wrong ones). dot_precision: see ``tree_verify_fwd``.
 
     While a CUDA graph is being captured only metadata is checked: pass int32 device tensors validated
     beforehand.
