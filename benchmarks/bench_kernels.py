@@ -354,7 +354,7 @@ def exactness(b: Bench, write):
         if b.past_deadline(f"exact fp32 forced, {key}"):
             continue
         tree = tree_of(widths)
-        kernel = kernel or select_kernel(tree.num_nodes, b.batch(256), is_chain(tree))   # the tree's own choice
+        kernel = kernel or select_kernel(tree.num_nodes, b.batch(256), is_chain(tree), exact=True)   # its choice
         with env(PRECISION_ENV, "ieee"):  # the default precision becomes exact fp32, as on a GPU without tf32
             r = b.step(f"{key} {PRECISION_ENV}=ieee", tree, b.batch(256), torch.float32, kernel)
         b.targets.append(target(f"9 exact fp32 forced ({PRECISION_ENV}=ieee), {key} [{kernel}] (us)", r["us"],

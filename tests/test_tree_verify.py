@@ -231,6 +231,10 @@ def test_selection_is_a_function_of_host_facts():
     assert select_kernel(65, SPLIT_MIN_BATCH, False) == "path_split"
     assert select_kernel(4, SPLIT_MIN_BATCH, True, state_bf16=True) == "dense"   # one bf16 pass per state product
     assert select_kernel(4, SPLIT_MIN_BATCH - 1, True, state_bf16=True) == "chain"
+    # exact fp32 products (no tf32): the dense kernel spills there, trees keep the path families
+    assert select_kernel(40, 256, False, exact=True) == "path_split"
+    assert select_kernel(15, 8, False, exact=True) == "path"
+    assert select_kernel(4, 256, True, state_bf16=True, exact=True) == "chain"
     assert all(LAUNCHES[k] <= 3 and len(KERNEL_FNS[k]) == LAUNCHES[k] for k in KERNELS)
     assert [batch_bucket(b) for b in (1, 2, 4, 5, 16, 17, 64, 65, 256, 300, 5000)] == \
         [1, 4, 4, 16, 16, 64, 64, 256, 256, 1024, 1024]
@@ -257,8 +261,9 @@ def test_capture_picks_what_eager_picks(monkeypatch):
                 launched.clear()
                 tree_verify(*w, S, parents)
                 picks.append(tuple(launched))
-            assert picks[0] == picks[1] == ((select_kernel(tree.num_nodes, B, tree.max_depth == tree.num_nodes - 1)
-                                             + "_fwd"),)
+            pick = select_kernel(tree.num_nodes, B, tree.max_depth == tree.num_nodes - 1,
+                                 exact=default_dot_precision(DEVICE) == "ieee")
+            assert picks[0] == picks[1] == (pick + "_fwd",)
 
 
 def test_precision_default_and_the_forcing_variable(monkeypatch):

@@ -34,9 +34,12 @@ def dense_min_batch(T: int) -> int | None:
     return next((b for nodes, b in DENSE_MIN_BATCH if T <= nodes), None)
 
 
-def select_kernel(T: int, B: int, chain: bool, state_bf16: bool = False) -> str:
+def select_kernel(T: int, B: int, chain: bool, state_bf16: bool = False, exact: bool = False) -> str:
     """The kernel family for a window of T nodes over B requests; ``chain``: parents[t] = t - 1 for all;
-    ``state_bf16``: the state is stored in bf16.
+    ``state_bf16``: the state is stored in bf16; ``exact``: products in exact fp32 (dot precision "ieee", as on
+    GPUs without tf32), where the dense kernel is never chosen: its [BT, BT] fp32 products spill there (63824.7 us
+    at (3, 3, 3) B = 256 against 4165.41 on the path kernel, H200, benchmarks/results/targets_h200_2026-12-01.txt
+    and _run10.txt), so those windows keep the path families.
 
     Chains (decode windows, T = 1, included) take the chain kernel at every batch size, except over a bf16 state
     from SPLIT_MIN_BATCH requests on, where the dense kernel's state products take one bf16 pass (291.6 vs
@@ -47,8 +50,8 @@ def select_kernel(T: int, B: int, chain: bool, state_bf16: bool = False) -> str:
     379.95) and (2, 2, 2) B = 256 (528.3 vs 651.87), and the path kernel from 8 requests at (3, 3, 3) and from 4
     at (2, 2, 2); the chain kernel beat it on chains (463.42 vs 476.7 us at B = 256)."""
     if chain:
-        return "dense" if state_bf16 and B >= SPLIT_MIN_BATCH and T <= DENSE_MAX_NODES else "chain"
-    dense_from = dense_min_batch(T)
+        return "dense" if state_bf16 and not exact and B >= SPLIT_MIN_BATCH and T <= DENSE_MAX_NODES else "chain"
+    dense_from = None if exact else dense_min_batch(T)
     if dense_from is not None:
         return "dense" if B >= dense_from else "path"
     return "path_split" if B >= SPLIT_MIN_BATCH else "path"

@@ -32,9 +32,10 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
 
     ``pending``: a PendingCommit whose parents and accepted are int32 device tensors (validated), or None;
     ``initial_state`` is then updated in place. ``chain``: the window is a chain (parents[t] = t - 1, not
-    checked here); with ``kernel`` None the family is ``select_kernel(T, B, chain, state in bf16)``. ``kernel``: one of
-    KERNELS to force it. ``max_depth``: a bound on every request's tree depth (sizes the path kernel's tables;
-    None: T - 1, always enough; a window deeper than the bound gets NaN outputs, never wrong ones).
+    checked here); with ``kernel`` None the family is ``select_kernel(T, B, chain, state in bf16, precision
+    "ieee")``. ``kernel``: one of KERNELS to force it. ``max_depth``: a bound on every request's tree depth
+    (sizes the path kernel's tables; None: T - 1, always enough; a window deeper than the bound gets NaN outputs,
+    never wrong ones).
     ``dot_precision``: None (the device default, see tuning.default_dot_precision), "tf32", "ieee" or
     "tf32_plain". ``config``: a ``triton.Config`` of the tuned kernel to launch instead of the autotuned one.
     ``state_indices``: None (request b's state is
@@ -45,7 +46,8 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"kernel = {kernel!r}: expected None or one of {KERNELS}")
     B, T = q.shape[:2]
-    kernel = kernel or select_kernel(T, B, chain, initial_state.dtype == torch.bfloat16)
+    dot_precision = check_dot_precision(dot_precision, v.device)
+    kernel = kernel or select_kernel(T, B, chain, initial_state.dtype == torch.bfloat16, dot_precision == "ieee")
     o = torch.empty_like(v)
     u = torch.empty(v.shape, device=v.device, dtype=torch.float32)
     if kernel == "chain":
@@ -53,10 +55,10 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
                          config=config, state_indices=state_indices)
     if kernel == "dense":
         return dense_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, num_nodes, pending, scale,
-                         use_qk_l2norm_in_kernel, o, u, check_dot_precision(dot_precision, v.device), config=config,
+                         use_qk_l2norm_in_kernel, o, u, dot_precision, config=config,
                          state_indices=state_indices)
     return path_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, num_nodes, pending, scale,
-                    use_qk_l2norm_in_kernel, o, u, check_dot_precision(dot_precision, v.device),
+                    use_qk_l2norm_in_kernel, o, u, dot_precision,
                     max_depth=T - 1 if chain else max_depth, config=config, state_indices=state_indices,
                     split=kernel == "path_split")
 
