@@ -13,11 +13,13 @@ cut short keeps what it measured):
 - launches per GDN layer per step (counted by the profiler), bytes moved against the roofline (the state read
   and written once plus the window's inputs and outputs, at the H200's 4.27 TB/s copy bandwidth);
 - fla-core's fused_recurrent over the same 4 tokens (target 5; skipped with a note when fla is not importable);
+- item 9: the times with exact fp32 products forced, as on GPUs without tf32 (before the exactness runs, which a
+  --deadline cuts first);
 - captured vs eager: a captured step launches the eager step's kernels and replays to its results; eager times;
 - the autotuner's tunings (keyed by batch bucket, not batch size);
 - exactness: 200 folded steps on every kernel a row uses, in each precision a row uses (tf32 split, and exact
   fp32 forced as on GPUs without tf32), committed state within 1e-5 of the fp64 recurrence; plain tf32 for
-  the record; bf16 outputs within twice the error of rounding the inputs alone; the ieee path's times.
+  the record; bf16 outputs within twice the error of rounding the inputs alone.
 
 --smoke runs the same sections with tiny shapes under the Triton interpreter (no CUDA graphs, no profiler,
 planned launch counts, times that are not timings) so the script is tested without a GPU.
@@ -323,7 +325,7 @@ def capture_vs_eager(b: Bench, write):
 
 
 def exactness(b: Bench, write):
-    """200 folded steps on every kernel a row uses, per precision; outputs with bf16 inputs; the ieee path."""
+    """200 folded steps on every kernel a row uses, per precision; outputs with bf16 inputs."""
     d = b.dims
     steps = 4 if b.smoke else b.args.drift_steps
     pins = {} if b.smoke else pinned_configs()
@@ -350,6 +352,12 @@ def exactness(b: Bench, write):
         b.notes.append("bf16 output bound skipped: --smoke (the Triton interpreter mishandles bf16)")
     elif not b.past_deadline("bf16 output bound"):
         bf16_outputs(b)
+    write(b)
+
+
+def exact_fp32_rows(b: Bench, write):
+    """Item 9: the rows timed with exact fp32 products forced, as on a GPU without tf32 (the tree's own choice
+    under that precision; the chain on the path kernel)."""
     for key, widths, kernel in (("333 B256", (3, 3, 3), None), ("chain3 B256", (1, 1, 1), "path")):
         if b.past_deadline(f"exact fp32 forced, {key}"):
             continue
@@ -359,7 +367,7 @@ def exactness(b: Bench, write):
             r = b.step(f"{key} {PRECISION_ENV}=ieee", tree, b.batch(256), torch.float32, kernel)
         b.targets.append(target(f"9 exact fp32 forced ({PRECISION_ENV}=ieee), {key} [{kernel}] (us)", r["us"],
                                 "report", True, "us"))
-    write(b)
+        write(b)
 
 
 def bf16_outputs(b: Bench):
@@ -445,6 +453,7 @@ def main(argv=None):
         return text
 
     measure_rows(b, write)
+    exact_fp32_rows(b, write)   # before the drift runs, which the --deadline cuts first
     if not b.past_deadline("captured vs eager"):
         capture_vs_eager(b, write)
     exactness(b, write)
