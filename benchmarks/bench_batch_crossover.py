@@ -10,14 +10,11 @@ Writes DIR/batch_crossover_<device>_<date>.json and prints one line per (tree, B
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from treewy.ops.benchmark import MODELS, bench, make, step_fn
+from common import time_families, write_measured
 from treewy.tree import DraftTree
 
 TREES = {"(2,2,2)": DraftTree.from_widths((2, 2, 2)), "(3,3,3)": DraftTree.from_widths((3, 3, 3))}
@@ -31,24 +28,11 @@ def main():
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_batch_crossover.py times GPU kernels: it needs a CUDA GPU")
-    dims = MODELS["35B-A3B"]
-    H, HV, K, V = dims["H"], dims["HV"], dims["K"], dims["V"]
-    device = torch.cuda.get_device_name().split()[-1].lower()
-    rows = []
-    jobs = [(name, B) for name in TREES for B in BATCHES]
-    for name, B in tqdm(jobs, desc="tree x batch"):
-        tree = TREES[name]
-        x = make(B, tree.num_nodes, H, HV, K, V, torch.float32)
-        us = {fam: bench(step_fn("treewy", x, tree, kernel=fam)) for fam in FAMILIES}
-        rows.append(dict(tree=name, B=B, **{f"{fam}_us": t for fam, t in us.items()},
-                         fastest=min(us, key=us.get)))
-        tqdm.write(f"{name} B = {B:3d}: " + ", ".join(f"{fam} {t:8.2f} us" for fam, t in us.items()))
-    args.out.mkdir(parents=True, exist_ok=True)
-    meta = dict(device=torch.cuda.get_device_name(), date=str(datetime.date.today()), torch=torch.__version__,
-                note="one GDN layer per step, bf16 q/k/v, fp32 state, previous commit folded in, CUDA-graph medians")
-    path = args.out / f"batch_crossover_{device}_{datetime.date.today()}.json"
-    path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    print(f"wrote {path}")
+    cases = [(name, tree, B, FAMILIES) for name, tree in TREES.items() for B in BATCHES]
+    rows = [dict(tree=name, B=B, **{f"{f}_us": t for f, t in us.items()}, fastest=min(us, key=us.get))
+            for name, B, us in time_families(cases)]
+    write_measured(args.out, "batch_crossover", rows, note="one GDN layer per step, bf16 q/k/v, fp32 state, "
+                   "previous commit folded in, CUDA-graph medians")
 
 
 if __name__ == "__main__":

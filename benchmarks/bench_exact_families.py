@@ -1,5 +1,5 @@
-"""The tree families under exact fp32 products (TREEWY_DOT_PRECISION=ieee, the path of GPUs without tf32), timed
-side by side (autotuned, previous commit folded in, CUDA-graph medians), one GDN layer of Qwen3.5-35B-A3B.
+"""The tree families under exact fp32 products (dot precision "ieee", the path of GPUs without tf32), timed side
+by side (autotuned, previous commit folded in, CUDA-graph medians), one GDN layer of Qwen3.5-35B-A3B.
 
     python benchmarks/bench_exact_families.py --out DIR
 
@@ -9,21 +9,16 @@ Writes DIR/exact_families_<device>_<date>.json; ``select_kernel(exact=True)`` is
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 from pathlib import Path
 
-os.environ["TREEWY_DOT_PRECISION"] = "ieee"   # before treewy reads it
+import torch
 
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from common import time_families, write_measured
+from treewy.tree import DraftTree
 
-from treewy.ops.benchmark import MODELS, bench, make, step_fn  # noqa: E402
-from treewy.tree import DraftTree  # noqa: E402
-
-CASES = [("(3,3,3)", (3, 3, 3), 256, ("path", "path_split")), ("(3,3,3)", (3, 3, 3), 64, ("path", "path_split")),
-         ("(2,2,2)", (2, 2, 2), 256, ("path", "path_split", "dense"))]
+T333, T222 = DraftTree.from_widths((3, 3, 3)), DraftTree.from_widths((2, 2, 2))
+CASES = [("(3,3,3)", T333, 256, ("path", "path_split")), ("(3,3,3)", T333, 64, ("path", "path_split")),
+         ("(2,2,2)", T222, 256, ("path", "path_split", "dense"))]
 
 
 def main():
@@ -32,22 +27,10 @@ def main():
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_exact_families.py times GPU kernels: it needs a CUDA GPU")
-    dims = MODELS["35B-A3B"]
-    H, HV, K, V = dims["H"], dims["HV"], dims["K"], dims["V"]
-    rows = []
-    for name, widths, B, families in tqdm(CASES, desc="cases"):
-        tree = DraftTree.from_widths(widths)
-        x = make(B, tree.num_nodes, H, HV, K, V, torch.float32)
-        us = {fam: bench(step_fn("treewy", x, tree, kernel=fam)) for fam in families}
-        rows.append(dict(tree=name, B=B, us=us, fastest=min(us, key=us.get)))
-        tqdm.write(f"{name} B = {B:3d} ieee: " + ", ".join(f"{f} {t:9.2f} us" for f, t in us.items()))
-    args.out.mkdir(parents=True, exist_ok=True)
-    meta = dict(device=torch.cuda.get_device_name(), date=str(datetime.date.today()), torch=torch.__version__,
-                precision="ieee (exact fp32 products)",
-                note="one GDN layer per step, bf16 q/k/v, fp32 state, previous commit folded in, CUDA-graph medians")
-    path = args.out / f"exact_families_{torch.cuda.get_device_name().split()[-1].lower()}_{datetime.date.today()}.json"
-    path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    print(f"wrote {path}")
+    rows = [dict(tree=name, B=B, us=us, fastest=min(us, key=us.get))
+            for name, B, us in time_families(CASES, dot_precision="ieee")]
+    write_measured(args.out, "exact_families", rows, precision="ieee (exact fp32 products)",
+                   note="one GDN layer per step, bf16 q/k/v, fp32 state, previous commit folded in, CUDA-graph medians")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ backend's cross-check, and tables written as JSON lines (standard library, alway
 
 from __future__ import annotations
 
+import datetime
 import json
 import platform
 import time
@@ -30,6 +31,36 @@ def environment(device: str) -> dict:
         except ImportError:
             env[name] = None
     return env
+
+
+def time_families(cases, dot_precision: str | None = None) -> list[tuple[str, int, dict]]:
+    """(case name, B, {family: us}) for each (name, tree, B, families) of ``cases``: one GDN layer of Qwen3.5-35B-A3B
+    per step, bf16 q, k, v, fp32 state, the previous commit folded in, each family forced (autotuned), medians of
+    CUDA-graph replays; ``dot_precision`` as ``tree_verify_fwd`` takes it. A progress bar and a line per case."""
+    from tqdm import tqdm
+
+    from treewy.ops.benchmark import MODELS, bench, make, step_fn
+
+    d = MODELS["35B-A3B"]
+    out = []
+    for name, tree, B, families in tqdm(cases, desc="cases"):
+        x = make(B, tree.num_nodes, d["H"], d["HV"], d["K"], d["V"], torch.float32)
+        us = {f: bench(step_fn("treewy", x, tree, kernel=f, dot_precision=dot_precision)) for f in families}
+        out.append((name, B, us))
+        tqdm.write(f"{name} B = {B:3d}{f' {dot_precision}' if dot_precision else ''}: "
+                   + ", ".join(f"{f} {t:9.2f} us" for f, t in us.items()))
+    return out
+
+
+def write_measured(out: Path, stem: str, rows: list[dict], **meta) -> Path:
+    """``rows`` and their device, date and torch version (plus ``meta``) as out/<stem>_<gpu>_<date>.json."""
+    gpu, date = torch.cuda.get_device_name(), str(datetime.date.today())
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}_{gpu.split()[-1].lower()}_{date}.json"
+    path.write_text(json.dumps(dict(meta=dict(device=gpu, date=date, torch=torch.__version__, **meta), rows=rows),
+                               indent=1))
+    print(f"wrote {path}")
+    return path
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

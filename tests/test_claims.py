@@ -35,8 +35,8 @@ def _numbers_in_json(value):
         yield from _numbers_in_text(value)
 
 
-KERNELS = ("treewy/data/targets_*.json", "benchmarks/results/targets_*.txt", "benchmarks/results/batch_crossover_*.json",
-           "benchmarks/results/exact_families_*.json")
+KERNELS = ("treewy/data/targets_*.json", "benchmarks/results/targets_*.txt",
+           "benchmarks/results/batch_crossover_*.json", "benchmarks/results/exact_families_*.json")
 TINY = ("treewy/data/*tiny*sweep*.parquet", "benchmarks/results/*tiny*sweep*.parquet")
 SIM = ("treewy/data/sim_*.parquet", "benchmarks/results/sim_*.txt", "treewy/paper.py")
 VLLM = ("benchmarks/results/vllm_h200_*/tiny_*.json", "benchmarks/results/vllm_h200_*/*/tiny_*.json",
