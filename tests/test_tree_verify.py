@@ -266,6 +266,47 @@ def test_capture_picks_what_eager_picks(monkeypatch):
             assert picks[0] == picks[1] == (pick + "_fwd",)
 
 
+MIXED = [  # id, per-request parents, num_nodes, chain kernel allowed
+    ("tree-then-chain", [[-1, 0, 0], [-1, 0, 1]], None, False),
+    ("chain-then-tree", [[-1, 0, 1], [-1, 0, 0]], None, False),
+    ("ragged-chain-beside-tree", [[-1, 0, 1], [-1, 0, 0]], [3, 2], True),   # request 1 uses nodes 0, 1: a chain
+    ("ragged-tree-beside-chain", [[-1, 0, 1], [-1, 0, 0]], [2, 3], False),
+    ("idle-tree-beside-chain", [[-1, 0, 1, 2], [-1, 0, 0, 1]], [4, 0], True),
+]
+
+
+@pytest.mark.parametrize("name,parents,num_nodes,chains", MIXED, ids=[c[0] for c in MIXED])
+def test_kernel_choice_holds_for_every_request_of_a_mixed_batch(name, parents, num_nodes, chains, monkeypatch):
+    """One full-depth chain in a batch of trees once sent every request to the chain kernel (request 0 of
+    "tree-then-chain" 30 % off fp64): the choice, kernel="chain" and chain=True each hold for every request's
+    window over its own num_nodes, eager and in a capture with host parents."""
+    gen = torch.Generator().manual_seed(11)
+    par = torch.tensor(parents, dtype=torch.int32)   # int32 on the CPU: host data, also inside a capture
+    B, T = par.shape
+    w = window(B, T, 1, 2, 16, 12, gen)
+    S = torch.randn(B, 2, 12, 16, generator=gen).to(DEVICE)
+    nn = None if num_nodes is None else torch.tensor(num_nodes, dtype=torch.int32)
+    ro, ru = naive_tree_verify(*[x.double() for x in w], S.double(), par)
+    launched = []
+    for fam in ("chain_fwd", "dense_fwd", "path_fwd"):
+        real = getattr(verify_mod, fam)
+        monkeypatch.setattr(verify_mod, fam, lambda *a, _r=real, _n=fam, **kw: (launched.append(_n), _r(*a, **kw))[1])
+    o, u = tree_verify(*w, S.clone(), par, num_nodes=nn)
+    assert launched == (["chain_fwd"] if chains else ["path_fwd"])
+    for b in range(B):
+        n = T if nn is None else int(nn[b])
+        if n:
+            assert rel(o[b, :n], ro[b, :n]) < 1e-5 and rel(u[b, :n], ru[b, :n]) < 1e-5, b
+    if chains:
+        return
+    for capturing in (False, True):
+        monkeypatch.setattr(verify_mod, "is_capturing", lambda c=capturing: c)
+        with pytest.raises(ValueError, match="kernel='chain' needs every request"):
+            tree_verify(*w, S.clone(), par, num_nodes=nn, kernel="chain")
+        with pytest.raises(ValueError, match="some request's window is not a chain"):
+            tree_verify(*w, S.clone(), par, num_nodes=nn, chain=True, max_depth=T - 1)
+
+
 def test_precision_default_and_the_forcing_variable(monkeypatch):
     monkeypatch.delenv(PRECISION_ENV, raising=False)
     assert default_dot_precision("cpu") == "ieee"
@@ -285,7 +326,7 @@ def test_rejects_bad_kernel_precision_and_chain_flags():
         tree_verify(*w, S, tree, kernel="fma")
     with pytest.raises(ValueError, match="dot_precision = 'tf32x3'"):
         tree_verify(*w, S, tree, dot_precision="tf32x3")
-    with pytest.raises(ValueError, match="chain = True but the window is not a chain"):
+    with pytest.raises(ValueError, match="chain = True but some request's window is not a chain"):
         tree_verify(*w, S, tree, chain=True)
     with pytest.raises(ValueError, match="kernel='chain' needs"):
         tree_verify(*w, S, tree, kernel="chain")

@@ -63,20 +63,34 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
                     split=kernel == "path_split")
 
 
-def _window_depth(parents, par: torch.Tensor, capturing: bool) -> int | None:
-    """The deepest node's depth over every request's window, from host data where there is some (a DraftTree,
-    a list, a CPU tensor), else from the device tensor (one sync); None inside capture with a device tensor.
-    A window of T nodes is a chain exactly when its depth is T - 1."""
-    if isinstance(parents, DraftTree):
-        return parents.max_depth
-    host = parents if isinstance(parents, torch.Tensor) and parents.device.type == "cpu" else None
-    if host is None and not isinstance(parents, torch.Tensor):
-        host = torch.as_tensor(parents)
+def _host(x, device_tensor: torch.Tensor | None, capturing: bool) -> torch.Tensor | None:
+    """``x`` as a host tensor where it is host data (a DraftTree, a list, a CPU tensor), else the validated device
+    tensor read back (one sync); None inside a capture, where device data cannot be read."""
+    if isinstance(x, DraftTree):
+        return x.parents
+    if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+        return None if capturing else device_tensor.cpu()
+    return torch.as_tensor(x)
+
+
+def _window_shape(parents, par: torch.Tensor, num_nodes, nn: torch.Tensor | None,
+                  capturing: bool) -> tuple[int | None, bool | None]:
+    """(the deepest node's depth over every request's window, whether every request's window is a chain), each
+    None where it cannot be read (inside a capture with device tensors). Request b's window is a chain when each
+    of its first ``num_nodes[b]`` nodes has the node before it as parent; one tree in the batch makes it not a
+    chain. Inside a capture with device num_nodes, every node counts (a bound: a chain stays a chain)."""
+    host = _host(parents, par, capturing)
     if host is None:
-        if capturing:
-            return None
-        host = par
-    return int(path_depth(host).max()) if host.numel() else 0
+        return None, None
+    host = host.reshape(-1, host.shape[-1]).long()
+    T = host.shape[-1]
+    depth = int(path_depth(host).max()) if host.numel() else 0
+    n = None if nn is None else _host(num_nodes, nn, capturing)
+    t = torch.arange(T)
+    links = host == t - 1
+    if n is not None:
+        links = links | (t[None, :] >= n.long().reshape(-1, 1))
+    return depth, bool(links.all())
 
 
 def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2norm_in_kernel=False,
@@ -111,7 +125,7 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"kernel = {kernel!r}: expected None or one of {KERNELS}")
     dot_precision = check_dot_precision(dot_precision, q.device)
-    depth = _window_depth(parents, par, capturing) if max_depth is None or chain is None or chain else None
+    depth, all_chains = _window_shape(parents, par, num_nodes, nn, capturing)
     if max_depth is None:
         max_depth = depth
     elif values and depth is not None and depth > max_depth:
@@ -122,15 +136,15 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
                          "windows' depth bound (DraftTree.max_depth) so the capture compiles the path kernel "
                          "an eager call compiles")
     if chain is None:
-        chain = None if depth is None else depth == dims.T - 1
+        chain = all_chains
         if chain is None and kernel is None:
             raise ValueError("chain = None inside a CUDA-graph capture with device-tensor parents: the kernel "
                              "choice cannot read them there; pass chain=True or chain=False (as the eager call "
                              "finds it), or kernel=")
         chain = chain if chain is not None else kernel == "chain"
-    elif values and chain and depth != dims.T - 1:
-        raise ValueError("chain = True but the window is not a chain (parents[t] = t - 1 for every t); pass "
-                         "chain=None to detect it")
+    elif chain and all_chains is False:
+        raise ValueError("chain = True but some request's window is not a chain (parents[b, t] = t - 1 for every "
+                         "node t below num_nodes[b]); pass chain=None to detect it")
     if kernel == "chain" and not chain:
         raise ValueError("kernel='chain' needs every request's window to be a chain (parents[t] = t - 1); "
                          "leave kernel=None for trees")
