@@ -93,3 +93,68 @@ def test_conv_rejects_wrong_state_shape():
     x = torch.randn(2, 4, 6)
     with pytest.raises(ValueError, match=r"conv_state has shape \(2, 6, 4\), expected \[B, C, W - 1\]"):
         naive_tree_conv1d(x, torch.randn(6, 4), torch.randn(2, 6, 4), TREE)
+
+
+# ---- numeric edge cases, references and kernels alike ----
+
+def _kernel_ops():
+    pytest.importorskip("triton")
+    from treewy.ops import store_all_verify, tree_verify
+    return [tree_verify, store_all_verify]
+
+
+@pytest.mark.parametrize("scale,match", [(float("nan"), "scale = nan"), (float("inf"), "scale = inf"),
+                                         (0.0, "scale = 0.0"), (-1.0, "scale = -1.0"), ("abc", "scale = 'abc'"),
+                                         (True, "scale = True")], ids=str)
+def test_scale_must_be_a_finite_positive_number(scale, match):
+    x = inputs()
+    args = [t.float() for t in (x.q, x.k, x.v, x.g, x.beta, x.initial_state)] + [x.parents]
+    for op in [naive_tree_verify, naive_tree_recurrent, *_kernel_ops()]:
+        with pytest.raises(ValueError, match=match):
+            op(*args, scale=scale)
+
+
+@pytest.mark.parametrize("dim", ["H", "K", "HV", "V"])
+def test_zero_heads_or_head_dims_name_the_dimension(dim):
+    sizes = dict(B=1, T=3, H=1, HV=1, K=8, V=8)
+    sizes[dim] = 0
+    B, T, H, HV, K, V = sizes.values()
+    args = (torch.randn(B, T, H, K), torch.randn(B, T, H, K), torch.randn(B, T, HV, V), -torch.rand(B, T, HV),
+            torch.rand(B, T, HV), torch.zeros(B, HV, V, K), [-1, 0, 0])
+    for op in [naive_tree_verify, naive_tree_recurrent, *_kernel_ops()]:
+        with pytest.raises(ValueError, match=f"has {dim} = 0"):
+            op(*args)
+
+
+def test_an_empty_batch_gives_empty_outputs():
+    args = (torch.randn(0, 3, 1, 8), torch.randn(0, 3, 1, 8), torch.randn(0, 3, 2, 4), -torch.rand(0, 3, 2),
+            torch.rand(0, 3, 2), torch.zeros(0, 2, 4, 8), [-1, 0, 0])
+    for op in [naive_tree_verify, *_kernel_ops()]:
+        o = op(*args)[0]
+        assert o.shape == (0, 3, 2, 4)
+
+
+def test_conv_reference_rejects_integer_inputs():
+    with pytest.raises(ValueError, match="x has dtype torch.int64; expected a floating dtype"):
+        naive_tree_conv1d(torch.randint(0, 5, (1, 3, 4)), torch.randn(4, 4), torch.randn(1, 4, 3), [-1, 0, 0])
+
+
+def test_store_all_commit_refuses_an_integer_state():
+    pytest.importorskip("triton")
+    from treewy.ops import store_all_commit
+    states = torch.randn(1, 3, 1, 8, 8)
+    with pytest.raises(ValueError, match="state has dtype torch.int32"):
+        store_all_commit(torch.zeros(1, 1, 8, 8, dtype=torch.int32), states, torch.tensor([1]))
+
+
+def test_commit_messages_name_the_state_and_the_pending_prefix():
+    pytest.importorskip("triton")
+    from treewy.ops import PendingCommit, tree_commit, tree_verify
+    x = inputs()
+    f = [t.float() for t in (x.q, x.k, x.v, x.g, x.beta, x.initial_state)]
+    _, u = naive_tree_verify(*f, x.parents)
+    with pytest.raises(ValueError, match="u is on cpu but state is on meta"):
+        tree_commit(torch.zeros(2, 4, 6, 8, device="meta"), u, f[1], f[3], x.parents, [1, 1])
+    pend = PendingCommit(u, f[1], f[3], TREE.parents, torch.tensor([5, 0]))
+    with pytest.raises(ValueError, match=r"pending.accepted holds \[5, 0\]"):
+        tree_verify(*f, x.parents, pending=pend)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import astuple, dataclass
 
 import torch
@@ -32,12 +33,28 @@ def check_finite(**tensors: torch.Tensor) -> None:
                              "(a NaN gate usually means an overflowed projection)")
 
 
-def check_tensor(name: str, x, device: torch.device | None = None) -> torch.Tensor:
+def check_tensor(name: str, x, device: torch.device | None = None, ref: str = "q") -> torch.Tensor:
+    """x must be a tensor (on ``device``, the device of the input named ``ref``, when given)."""
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if device is not None and x.device != device:
-        raise ValueError(f"{name} is on {x.device} but q is on {device}; move all inputs to one device")
+        raise ValueError(f"{name} is on {x.device} but {ref} is on {device}; move all inputs to one device")
     return x
+
+
+def check_scale(scale, K: int) -> float:
+    """The query scale as a float: None gives K ** -0.5; otherwise a finite positive real number."""
+    if scale is None:
+        return K ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) and not (
+            isinstance(scale, torch.Tensor) and scale.numel() == 1 and scale.is_floating_point()):
+        raise ValueError(f"scale = {scale!r}: expected a positive real number (None gives K ** -0.5 = "
+                         f"{K ** -0.5:.4g})")
+    value = float(scale)
+    if not (value > 0 and value != float("inf")):
+        raise ValueError(f"scale = {value}: expected a finite positive number (None gives K ** -0.5 = "
+                         f"{K ** -0.5:.4g})")
+    return value
 
 
 def gdn_dims(q, k, v, g, beta, initial_state) -> GDNDims:
@@ -55,6 +72,10 @@ def gdn_dims(q, k, v, g, beta, initial_state) -> GDNDims:
     if v.ndim != 4 or tuple(v.shape[:2]) != (B, T):
         raise ValueError(f"v has shape {tuple(v.shape)}, expected [B, T, HV, V] with B = {B}, T = {T}")
     HV, V = v.shape[2], v.shape[3]
+    for letter, size, name in (("H", H, "q"), ("K", K, "q"), ("HV", HV, "v"), ("V", V, "v")):
+        if size == 0:
+            raise ValueError(f"{name} has {letter} = 0 (shape {tuple(q.shape if name == 'q' else v.shape)}): every "
+                             "head count and head dim must be at least 1")
     if HV % H != 0:
         raise ValueError(f"v has HV = {HV} value heads, not a multiple of the H = {H} key heads of q/k "
                          "(GVA needs HV = H * r)")
@@ -99,14 +120,14 @@ def check_gdn_inputs(q, k, v, g, beta, initial_state, parents, *, finite: bool =
 def conv_dims(x, conv_state, weight=None) -> tuple[int, int, int, int]:
     """(B, T, C, W) of a tree conv: x [B, T, C], conv_state [B, C, W - 1], weight [C, W] (if given)."""
     x = check_tensor("x", x)
-    check_tensor("conv_state", conv_state, x.device)
+    check_tensor("conv_state", conv_state, x.device, ref="x")
     if x.ndim != 3 or conv_state.ndim != 3:
         raise ValueError(f"x has shape {tuple(x.shape)} and conv_state {tuple(conv_state.shape)}; expected "
                          "[B, T, C] and [B, C, W - 1]")
     B, T, C = x.shape
     W = conv_state.shape[-1] + 1
     if weight is not None:
-        check_tensor("weight", weight, x.device)
+        check_tensor("weight", weight, x.device, ref="x")
         if weight.ndim != 2 or weight.shape[0] != C:
             raise ValueError(f"weight has shape {tuple(weight.shape)}, expected [C, W] = [{C}, W] "
                              "(a depthwise nn.Conv1d weight [C, 1, W] squeezed on dim 1)")
@@ -117,18 +138,19 @@ def conv_dims(x, conv_state, weight=None) -> tuple[int, int, int, int]:
     return B, T, C, W
 
 
-def check_accepted(accepted, B: int, T: int, device, *, allow_none: bool = False) -> torch.Tensor:
+def check_accepted(accepted, B: int, T: int, device, *, allow_none: bool = False,
+                   name: str = "accepted") -> torch.Tensor:
     """Accepted node per request [B] as int64; ``allow_none`` also admits -1 (nothing to commit)."""
     a = torch.as_tensor(accepted, device=device)
     if a.dtype.is_floating_point or a.dtype == torch.bool:
-        raise ValueError(f"accepted must hold integer node indices, got dtype {a.dtype}")
+        raise ValueError(f"{name} must hold integer node indices, got dtype {a.dtype}")
     if a.ndim == 0:
         a = a.expand(B)
     if tuple(a.shape) != (B,):
-        raise ValueError(f"accepted has shape {tuple(a.shape)}, expected [B] = [{B}] (one node per request)")
+        raise ValueError(f"{name} has shape {tuple(a.shape)}, expected [B] = [{B}] (one node per request)")
     lo = -1 if allow_none else 0
     if bool(((a < lo) | (a >= T)).any()):
-        raise ValueError(f"accepted holds {a.tolist()}; every entry must be a node index in {lo}..{T - 1}"
+        raise ValueError(f"{name} holds {a.tolist()}; every entry must be a node index in {lo}..{T - 1}"
                          + (" (-1 = nothing pending)" if allow_none else ""))
     return a.long()
 
@@ -157,7 +179,7 @@ def check_commit_inputs(state, u, k, g, parents, accepted, *, max_nodes: int, va
     nu, nk, ng, na = (prefix + n for n in ("u", "k", "g", "accepted"))
     state = check_tensor("state", state)
     for name, x in ((nu, u), (nk, k), (ng, g)):
-        check_tensor(name, x, state.device)
+        check_tensor(name, x, state.device, ref="state")
     check_kernel_device(("state", state), (nu, u), (nk, k), (ng, g))
     if state.ndim != 4 or u.ndim != 4 or k.ndim != 4:
         raise ValueError(f"state {tuple(state.shape)}, {nu} {tuple(u.shape)}, {nk} {tuple(k.shape)}: expected "
@@ -182,7 +204,7 @@ def check_commit_inputs(state, u, k, g, parents, accepted, *, max_nodes: int, va
         check_finite(**{nu: u, nk: k, ng: g})
         if bool((g > 0).any()):
             raise ValueError(f"{ng} has positive entries; g is a log decay and must be <= 0")
-        acc = check_accepted(accepted, B, T, state.device, allow_none=allow_none).to(torch.int32)
+        acc = check_accepted(accepted, B, T, state.device, allow_none=allow_none, name=na).to(torch.int32)
     else:
         acc = accepted
         if not (isinstance(acc, torch.Tensor) and acc.dtype == torch.int32 and acc.device == state.device

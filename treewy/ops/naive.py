@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from treewy.ops.checks import check_accepted, check_gdn_inputs
+from treewy.ops.checks import check_accepted, check_gdn_inputs, check_scale
 from treewy.tree import ancestor_mask
 
 
@@ -20,7 +20,7 @@ def _prepare(q, k, v, g, beta, initial_state, parents, scale):
     r = dims.HV // dims.H
     qe = q.to(dt).repeat_interleave(r, dim=2)  # [B, T, HV, K]
     ke = k.to(dt).repeat_interleave(r, dim=2)  # [B, T, HV, K]
-    scale = dims.K ** -0.5 if scale is None else scale
+    scale = check_scale(scale, dims.K)
     return dims, par, qe * scale, ke, v.to(dt), g.to(dt), beta.to(dt), initial_state.to(dt)
 
 

@@ -20,6 +20,10 @@ from treewy.tree import validate_parents
 
 def _check_conv(x, weight, conv_state, parents):
     B, T, C, W = conv_dims(x, conv_state, weight)
+    for name, t in (("x", x), ("weight", weight), ("conv_state", conv_state)):
+        if not t.is_floating_point():
+            raise ValueError(f"{name} has dtype {t.dtype}; expected a floating dtype (bf16, fp32 or fp64): "
+                             f"cast with {name}.float()")
     check_finite(x=x, weight=weight, conv_state=conv_state)
     par = validate_parents(parents)
     if par.ndim == 1:

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from treewy.ops._triton import is_capturing
-from treewy.ops.checks import check_accepted, check_gdn_kernel_inputs
+from treewy.ops.checks import check_accepted, check_gdn_kernel_inputs, check_scale, check_tensor
 from treewy.ops.tree_verify.common import MAX_KERNEL_NODES, _program, _recurrent_node
 
 
@@ -82,12 +82,17 @@ def store_all_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_q
     """
     dims, par, stride_pb, _ = check_gdn_kernel_inputs(q, k, v, g, beta, initial_state, parents,
                                                       max_nodes=MAX_KERNEL_NODES, values=not is_capturing())
-    scale = dims.K ** -0.5 if scale is None else float(scale)
+    scale = check_scale(scale, dims.K)
     return store_all_verify_fwd(q, k, v, g, beta, initial_state, par, stride_pb, scale, use_qk_l2norm_in_kernel)
 
 
 def store_all_commit(state, states, accepted):
     """Store-all commit: copy each request's accepted snapshot into ``state`` [B, HV, V, K] (in place)."""
+    check_tensor("states", states)
+    check_tensor("state", state, states.device, ref="states")
+    if not state.is_floating_point() or not states.is_floating_point():
+        raise ValueError(f"state has dtype {state.dtype} and states {states.dtype}; both must be floating (the "
+                         "recurrent state is fp32 or bf16): an integer state would truncate every entry")
     B, T = states.shape[:2]
     if tuple(state.shape) != (B, *states.shape[2:]):
         raise ValueError(f"state has shape {tuple(state.shape)}, expected [B, HV, V, K] = "

@@ -125,7 +125,7 @@ def _check_conv_kernel(x, weight, conv_state, parents, bias=None):
     named = [("x", x), ("conv_state", conv_state)] + [(n, t) for n, t in (("weight", weight), ("bias", bias))
                                                         if t is not None]
     if bias is not None:
-        check_tensor("bias", bias, x.device)
+        check_tensor("bias", bias, x.device, ref="x")
     check_kernel_device(*named)
     if not 2 <= W <= MAX_CONV_WIDTH:
         raise ValueError(f"the conv width is W = {W}; the kernel takes 2 <= W <= {MAX_CONV_WIDTH}")

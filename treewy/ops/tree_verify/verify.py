@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from treewy.ops._triton import is_capturing
-from treewy.ops.checks import check_gdn_kernel_inputs, check_pending
+from treewy.ops.checks import check_gdn_kernel_inputs, check_pending, check_scale
 from treewy.ops.tree_verify.chain import chain_fwd, tree_verify_chain_kernel
 from treewy.ops.tree_verify.common import MAX_KERNEL_NODES
 from treewy.ops.tree_verify.dense import dense_fwd, tree_verify_dense_kernel
@@ -148,7 +148,7 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     if kernel == "chain" and not chain:
         raise ValueError("kernel='chain' needs every request's window to be a chain (parents[t] = t - 1); "
                          "leave kernel=None for trees")
-    scale = dims.K ** -0.5 if scale is None else float(scale)
+    scale = check_scale(scale, dims.K)
     return tree_verify_fwd(q, k, v, g, beta, initial_state, par, stride_pb, scale, use_qk_l2norm_in_kernel, nn,
                            dot_precision=dot_precision, pending=pending, kernel=kernel, chain=bool(chain),
                            max_depth=max_depth)
