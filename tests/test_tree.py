@@ -1,7 +1,8 @@
+import numpy as np
 import pytest
 import torch
 
-from treewy.tree import MAX_NODES, DraftTree, ancestor_mask, validate_parents
+from treewy.tree import MAX_NODES, DraftTree, ancestor_mask, as_tree, validate_parents
 
 PAPER_SHAPES = {(2, 1, 1): 6, (2, 2, 1): 10, (2, 2, 2): 14, (3, 2, 2): 21, (3, 3, 2): 30, (3, 3, 3): 39}
 
@@ -95,3 +96,55 @@ def test_tree_over_the_kernel_limit_is_rejected():
 def test_unknown_state_mode_is_rejected():
     with pytest.raises(ValueError, match="store_all"):
         DraftTree.chain(2).state_blocks("snapshot")
+
+
+@pytest.mark.parametrize("widths", [(2,) * 64, (2,) * 100, (10**9,) * 5], ids=["2x64", "2x100", "1e9x5"])
+def test_widths_whose_node_count_overflows_int64_are_refused_at_once(widths):
+    with pytest.raises(ValueError, match=f"limit of {MAX_NODES} nodes"):
+        DraftTree.from_widths(widths)
+    with pytest.raises(ValueError, match=f"limit of {MAX_NODES} nodes"):
+        as_tree(",".join(map(str, widths)))
+
+
+def test_integer_arrays_are_read_as_widths_or_parents():
+    assert DraftTree.from_widths(np.array([3, 3])) == DraftTree.from_widths((3, 3))
+    assert DraftTree.from_widths([np.int64(2), torch.tensor(2)]).widths == (2, 2)
+    assert as_tree(torch.tensor([3, 3])) == DraftTree.from_widths((3, 3))  # widths, not parents
+    assert as_tree(np.array([-1, 0, 0])) == DraftTree([-1, 0, 0])          # starts with -1: parents
+    assert as_tree("3,3,3") == as_tree(" 3, 3 ,3") == DraftTree.from_widths((3, 3, 3))
+    assert as_tree("-1,0,1") == DraftTree([-1, 0, 1])
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: DraftTree(["-1", "0"]), r"parents = \['-1', '0'\]: expected .*integer parent indices"),
+    (lambda: DraftTree(None), r"parents = None: expected"),
+    (lambda: DraftTree("-1,0"), r"parents = '-1,0': expected"),
+    (lambda: DraftTree.from_widths(3), r"widths = 3: expected a sequence.*\(3,\)"),
+    (lambda: DraftTree.from_widths("33"), r"widths = '33': expected a sequence.*as_tree"),
+    (lambda: DraftTree.from_widths([3.0]), r"widths\[0\] = 3.0: branching factors must be positive integers"),
+    (lambda: DraftTree.from_widths(np.array([True])), r"widths\[0\] = .*True.*positive integers"),
+    (lambda: as_tree("bogus"), r"tree = 'bogus': expected branching factors separated by commas"),
+    (lambda: as_tree(None), r"tree = None: expected branching factors"),
+    (lambda: as_tree(3), r"tree = 3: expected branching factors"),
+    (lambda: as_tree(torch.tensor([[3, 3]])), r"tree = .*expected one tree.*shape \(1, 2\)"),
+    (lambda: DraftTree.chain(2).path(1.5), r"node = 1.5: expected an integer node index in 0..2"),
+    (lambda: DraftTree.chain(2).path(True), r"node = True: expected an integer"),
+    (lambda: DraftTree.chain(2).children(0.0), r"node = 0.0: expected an integer"),
+], ids=["str-parents", "none", "text-parents", "int-widths", "text-widths", "float-width", "bool-width",
+        "bogus-text", "none-tree", "int-tree", "2d-tree", "float-node", "bool-node", "float-children"])
+def test_values_of_the_wrong_type_name_the_argument(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_writing_into_handed_out_values_leaves_the_tree_alone():
+    t = DraftTree.from_widths((1, 1, 1))
+    t.parents[2] = 3
+    t.depth[3] = 0
+    t.leaves.append(0)
+    assert t.parents.tolist() == [-1, 0, 1, 2]
+    assert t.depth.tolist() == [0, 1, 2, 3] and t.max_depth == 3 and t.leaves == [3]
+    assert t.path(3) == [0, 1, 2, 3]
+    with pytest.raises(AttributeError):
+        t.widths = (5,)
+    assert repr(t).startswith("DraftTree.from_widths((1, 1, 1))")

@@ -7,7 +7,9 @@ node, so any topological order works (DFS pre-order is the canonical one).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+import reprlib
+from collections.abc import Iterable
 from functools import cached_property
 
 import torch
@@ -16,6 +18,22 @@ import torch
 MAX_NODES = 128
 
 STATE_MODES = ("store_all", "reconstruct")
+
+
+def as_int(x) -> int | None:
+    """x as a Python int when it is an integer of any kind (int, numpy or 0-d torch integer), else None;
+    booleans are not integers here, so True never passes for a token, a width or a count."""
+    if isinstance(x, bool) or str(getattr(x, "dtype", "")) in ("bool", "torch.bool"):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
+def short_repr(x) -> str:
+    """repr(x), cut short for long sequences and tensors (error messages quote what they got)."""
+    return reprlib.repr(x.tolist() if isinstance(x, torch.Tensor) else x)
 
 
 def _first_bad_node(parents: torch.Tensor) -> tuple[int, int, int, str] | None:
@@ -57,7 +75,15 @@ def validate_parents(parents, *, name: str = "parents", max_nodes: int = MAX_NOD
     """Check a parent array ([T] or [B, T], integers) and return it as an int64 CPU tensor of the same shape."""
     if isinstance(parents, DraftTree):
         return parents.parents.long()
-    t = parents if isinstance(parents, torch.Tensor) else torch.as_tensor(parents)
+    t = parents
+    if not isinstance(t, torch.Tensor):
+        try:
+            if isinstance(parents, (str, bytes)):
+                raise TypeError
+            t = torch.as_tensor(parents)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"{name} = {short_repr(parents)}: expected a list or tensor of integer parent indices, "
+                             "-1 for the root, e.g. [-1, 0, 0, 1]") from None
     if t.numel() == 0:
         raise ValueError(f"{name} is empty: a draft tree needs at least its root; "
                          "use parents=[-1] for a window with no drafts")
@@ -85,22 +111,36 @@ class DraftTree:
 
     def __init__(self, parents):
         if isinstance(parents, DraftTree):
-            parents = parents.parents
+            parents = parents._parents
         p = validate_parents(parents)
         if p.ndim != 1:
             raise ValueError(f"parents must be one tree [T], got shape {tuple(p.shape)}; "
                              "a batch of topologies is passed to the ops as a [B, T] tensor instead")
         self._parents = p.to(torch.int32)
-        self.widths: tuple[int, ...] | None = None
+        self._widths: tuple[int, ...] | None = None
 
     @classmethod
-    def from_widths(cls, widths: Sequence[int]) -> DraftTree:
-        """The tree whose level d has ``widths[d]`` children under each node of level d - 1, in DFS pre-order."""
-        widths = tuple(widths)
-        for level, w in enumerate(widths):
-            if isinstance(w, bool) or not isinstance(w, int) or w < 1:
-                raise ValueError(f"widths[{level}] = {w!r}: branching factors must be positive integers, "
+    def from_widths(cls, widths) -> DraftTree:
+        """The tree whose level d has ``widths[d]`` children under each node of level d - 1, in DFS pre-order.
+        widths: a sequence of positive integers such as (3, 3, 2) (a list, numpy or torch array also do)."""
+        if isinstance(widths, (str, bytes)) or not isinstance(widths, Iterable):
+            raise ValueError(f"widths = {widths!r}: expected a sequence of branching factors such as (3, 3, 2) "
+                             "(one level of 3 is (3,)); as_tree('3,3,2') reads text")
+        given = tuple(widths)
+        widths = tuple(as_int(w) for w in given)
+        for level, (g, w) in enumerate(zip(given, widths)):
+            if w is None or w < 1:
+                raise ValueError(f"widths[{level}] = {g!r}: branching factors must be positive integers, "
                                  "e.g. (3, 3, 2)")
+        # count in Python ints and stop at the limit: the product of the widths outgrows any fixed-size integer
+        total, level_nodes = 1, 1
+        for d, w in enumerate(widths):
+            level_nodes *= w
+            total += level_nodes
+            if total > MAX_NODES:
+                first = f" ({total} by level {d + 1} of {len(widths)})" if d + 1 < len(widths) else f" ({total})"
+                raise ValueError(f"widths {reprlib.repr(widths)} give more than the kernels' limit of {MAX_NODES} "
+                                 f"nodes{first}; use smaller branching factors or fewer levels")
         parents = [-1]
 
         def grow(node: int, level: int) -> None:
@@ -110,15 +150,9 @@ class DraftTree:
                 parents.append(node)
                 grow(len(parents) - 1, level + 1)
 
-        total = 1
-        for d in range(len(widths)):
-            total += int(torch.tensor(widths[: d + 1]).prod())
-        if total > MAX_NODES:
-            raise ValueError(f"widths {widths} give {total} nodes, more than the kernels' limit of "
-                             f"{MAX_NODES}; use smaller branching factors or fewer levels")
         grow(0, 0)
         tree = cls(parents)
-        tree.widths = widths
+        tree._widths = widths
         return tree
 
     @classmethod
@@ -132,8 +166,13 @@ class DraftTree:
 
     @property
     def parents(self) -> torch.Tensor:
-        """int32 [T], parents[0] = -1."""
-        return self._parents
+        """int32 [T], parents[0] = -1: a copy, so writing into it cannot change the tree."""
+        return self._parents.clone()
+
+    @property
+    def widths(self) -> tuple[int, ...] | None:
+        """The branching factors the tree was built from (``from_widths``), else None."""
+        return self._widths
 
     @property
     def num_nodes(self) -> int:
@@ -144,16 +183,26 @@ class DraftTree:
         return self.num_nodes - 1
 
     @cached_property
-    def depth(self) -> torch.Tensor:
-        """int32 [T], the root at depth 0."""
+    def _depth(self) -> torch.Tensor:
         d = [0] * self.num_nodes
         for t, p in enumerate(self._parents.tolist()[1:], start=1):
             d[t] = d[p] + 1
         return torch.tensor(d, dtype=torch.int32)
 
     @property
+    def depth(self) -> torch.Tensor:
+        """int32 [T], the root at depth 0 (a copy)."""
+        return self._depth.clone()
+
+    @cached_property
     def max_depth(self) -> int:
-        return int(self.depth.max())
+        return int(self._depth.max())
+
+    def _node(self, node) -> int:
+        n = as_int(node)
+        if n is None or not 0 <= n < self.num_nodes:
+            raise ValueError(f"node = {node!r}: expected an integer node index in 0..{self.num_nodes - 1}")
+        return n
 
     def ancestor_mask(self, inclusive: bool = True) -> torch.Tensor:
         """bool [T, T]: [t, i] is true when i is an ancestor of t (or t itself, if inclusive)."""
@@ -161,21 +210,23 @@ class DraftTree:
 
     def path(self, node: int) -> list[int]:
         """Node indices from the root to ``node`` (both included)."""
-        if not 0 <= node < self.num_nodes:
-            raise ValueError(f"node = {node} is outside the tree's nodes 0..{self.num_nodes - 1}")
-        out = [node]
+        out = [self._node(node)]
         while out[-1] != 0:
             out.append(int(self._parents[out[-1]]))
         return out[::-1]
 
     def children(self, node: int) -> list[int]:
-        return torch.nonzero(self._parents == node).flatten().tolist()
+        return torch.nonzero(self._parents == self._node(node)).flatten().tolist()
 
     @cached_property
-    def leaves(self) -> list[int]:
+    def _leaves(self) -> tuple[int, ...]:
         has_child = torch.zeros(self.num_nodes, dtype=torch.bool)
         has_child[self._parents[1:].long()] = True
-        return torch.nonzero(~has_child).flatten().tolist()
+        return tuple(torch.nonzero(~has_child).flatten().tolist())
+
+    @property
+    def leaves(self) -> list[int]:
+        return list(self._leaves)
 
     def state_blocks(self, mode: str) -> int:
         """GDN state blocks a request holds per layer: store_all keeps N + 1 snapshots, reconstruct 1."""
@@ -195,8 +246,8 @@ class DraftTree:
         return hash(tuple(self._parents.tolist()))
 
     def __repr__(self) -> str:
-        if self.widths is not None:
-            return f"DraftTree.from_widths({self.widths})  # N = {self.num_drafts}"
+        if self._widths is not None:
+            return f"DraftTree.from_widths({self._widths})  # N = {self.num_drafts}"
         return f"DraftTree({self._parents.tolist()})"
 
 
@@ -218,10 +269,24 @@ def path_depth(parents: torch.Tensor) -> torch.Tensor:
 
 
 def as_tree(tree) -> DraftTree:
-    """A DraftTree from a DraftTree, branching factors ((3, 3, 2) or [3, 3, 2]) or a parent array
-    (which always starts with -1, so the two cannot be confused)."""
+    """A DraftTree from a DraftTree, branching factors ((3, 3, 2), [3, 3, 2], a numpy or torch array, or
+    the text '3,3,2') or a parent array (which always starts with -1, so the two cannot be confused)."""
     if isinstance(tree, DraftTree):
         return tree
-    if isinstance(tree, (tuple, list)) and (len(tree) == 0 or tree[0] != -1):
+    if isinstance(tree, str):
+        try:
+            tree = [int(x) for x in tree.split(",")]
+        except ValueError:
+            raise ValueError(f"tree = {tree!r}: expected branching factors separated by commas such as '3,3,2' "
+                             "(or a parent array starting with -1, such as '-1,0,0,1')") from None
+    elif isinstance(tree, torch.Tensor) or type(tree).__module__ == "numpy":
+        if getattr(tree, "ndim", None) != 1:
+            raise ValueError(f"tree = {short_repr(tree)}: expected one tree, a 1-D array of branching factors or "
+                             f"of parents, got shape {tuple(getattr(tree, 'shape', ()))}")
+        tree = tree.tolist()
+    if not isinstance(tree, (tuple, list)):
+        raise ValueError(f"tree = {short_repr(tree)}: expected branching factors such as (3, 3, 2), a parent array "
+                         "starting with -1 such as [-1, 0, 0, 1], or a DraftTree")
+    if len(tree) == 0 or as_int(tree[0]) != -1:
         return DraftTree.from_widths(tuple(tree))
     return DraftTree(tree)
