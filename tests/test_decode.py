@@ -219,3 +219,44 @@ def test_phase_timing(model):
     assert all(rows["phases"][f"{p}_ms_median"] >= 0 for p in ("draft", "verify", "accept", "commit", "host"))
     with pytest.raises(ValueError, match="timing"):
         generate(model, PROMPTS[:1], timing="profile")
+
+
+def test_node_counts_past_int64_are_refused_before_decoding(model):
+    with pytest.raises(ValueError, match=f"limit of {MAX_NODES} nodes"):
+        generate(model, [[256, 65]], drafter="ngram", tree=(2,) * 64, max_new_tokens=2)
+
+
+def test_integer_arrays_are_prompts_and_widths(model, reference):
+    np = pytest.importorskip("numpy")
+    kw = dict(drafter="ngram", max_new_tokens=4)
+    want = generate(model, PROMPTS[:2], tree=(2, 2), **kw).tokens
+    got = generate(model, [np.array(PROMPTS[0]), torch.tensor(PROMPTS[1])], tree=np.array([2, 2]), **kw).tokens
+    assert got == want
+    assert generate(model, [[np.int64(t) for t in PROMPTS[2]]], max_new_tokens=np.int64(NEW)).tokens == reference[2:]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(prompts=[[256, 3.0]]), r"prompt 0, token 1 = 3.0: expected an integer token id, got float"),
+    (dict(prompts=[[256, True]]), r"prompt 0, token 1 = True: expected an integer token id, got bool"),
+    (dict(prompts=["hello"]), r"prompt 0 = 'hello' is text: pass token ids.*encode"),
+    (dict(prompts=[[256], 7]), r"prompt 1 = 7: expected a list of token ids"),
+    (dict(prompts=[torch.tensor([256.0, 1.0])]), r"prompt 0, token 0 = 256.0: expected an integer"),
+    (dict(max_new_tokens=True), r"max_new_tokens = True: expected a positive integer"),
+    (dict(max_new_tokens=2.0), r"max_new_tokens = 2.0: expected a positive integer"),
+    (dict(eos_token_id="x"), r"eos_token_id = 'x': expected None \(no end token\) or a token id in 0..263"),
+    (dict(eos_token_id=264), r"eos_token_id = 264: expected None"),
+    (dict(commit="bogus"), r"commit = 'bogus': expected 'reconstruct', 'store_all' or None"),
+    (dict(tree="bogus"), r"tree = 'bogus': expected branching factors"),
+    (dict(tree=(12, 12)), f"limit of {MAX_NODES}"),
+    (dict(temperature=1.0, seed=2**70), r"seed = 1180591620717411303424: expected None or an integer in 0..2\*\*63 - 1"),
+    (dict(temperature=1.0, seed=-1), r"seed = -1: expected None or an integer in 0..2\*\*63 - 1"),
+    (dict(seed=2**70), r"seed = .*0..2\*\*63 - 1"),
+    (dict(rule="rss"), r"rule = 'rss'"),
+], ids=["float-token", "bool-token", "text-prompt", "int-prompt", "float-tensor", "bool-max-new", "float-max-new",
+        "text-eos", "eos-outside", "bogus-commit", "bogus-tree", "big-tree", "seed-2**70", "seed-negative",
+        "greedy-seed", "greedy-rule"])
+def test_plain_decoding_checks_every_argument(model, kw, match):
+    """With drafter=None (plain greedy decoding) too: an argument it does not use is still checked."""
+    kw = dict(prompts=[[256, 65]], max_new_tokens=2) | kw
+    with pytest.raises(ValueError, match=match):
+        generate(model, kw.pop("prompts"), **kw)

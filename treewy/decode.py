@@ -31,7 +31,7 @@ from treewy.models.hybrid import Window, prefill, verify
 from treewy.models.hybrid import commit as commit_window
 from treewy.models.spec import spec_of
 from treewy.sampling.params import Sampling, sampling_of
-from treewy.tree import DraftTree, as_tree
+from treewy.tree import DraftTree, short_repr, as_int, as_tree
 
 COMMIT_MODES = ("reconstruct", "store_all")
 
@@ -111,22 +111,36 @@ def _check_prompts(prompts, vocab: int, context: int, max_new_tokens: int, T: in
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of token-id lists, e.g. [[256, 104, 105]]; "
                          "use treewy.models.tokenizer.encode(text) for text")
-    if all(isinstance(t, int) for t in prompts):
+    if all(as_int(t) is not None for t in prompts):
         raise ValueError("prompts is a flat list of ints; wrap a single prompt in a list: [prompt]")
     out = []
     for i, p in enumerate(prompts):
-        p = p.tolist() if isinstance(p, torch.Tensor) else list(p)
-        if not p:
+        if isinstance(p, str):
+            raise ValueError(f"prompt {i} = {short_repr(p)} is text: pass token ids, e.g. "
+                             "treewy.models.tokenizer.encode(text)")
+        if isinstance(p, torch.Tensor) or type(p).__module__ == "numpy":
+            if getattr(p, "ndim", None) != 1:
+                raise ValueError(f"prompt {i} has shape {tuple(getattr(p, 'shape', ()))}: expected a 1-D array "
+                                 "of token ids")
+            p = p.tolist()
+        elif not isinstance(p, (list, tuple)):
+            raise ValueError(f"prompt {i} = {short_repr(p)}: expected a list of token ids such as [256, 104, 105]")
+        ids = [as_int(t) for t in p]
+        if not ids:
             raise ValueError(f"prompt {i} is empty: every request needs at least one token "
                              "(start it with <bos>, e.g. treewy.models.tokenizer.encode(''))")
-        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in p):
+        for j, (t, k) in enumerate(zip(p, ids)):
+            if k is None:
+                raise ValueError(f"prompt {i}, token {j} = {t!r}: expected an integer token id, got "
+                                 f"{type(t).__name__}")
+        if any(t < 0 or t >= vocab for t in ids):
             raise ValueError(f"prompt {i} holds ids outside 0..{vocab - 1}; tokenize with the model's vocabulary")
-        need = len(p) + max_new_tokens + T
+        need = len(ids) + max_new_tokens + T
         if need > context:
-            raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens = {max_new_tokens} and a "
+            raise ValueError(f"prompt {i} has {len(ids)} tokens; with max_new_tokens = {max_new_tokens} and a "
                              f"window of {T} nodes it needs {need} positions, more than the model's context of "
                              f"{context}; shorten the prompt or lower max_new_tokens")
-        out.append(p)
+        out.append(ids)
     return out
 
 
@@ -139,42 +153,50 @@ def generate(model, prompts, drafter=None, tree=(3, 3, 3), commit="reconstruct",
 
     drafter: None (plain decoding), "mtp", "ngram" or a Drafter; tree: branching factors such as
     (3, 3, 3), a DraftTree or a parent array; commit: "reconstruct" (TreeWY: one GDN state block per
-    request, each step's commit folded into the next verify) or "store_all" (N + 1 snapshots);
+    request, each step's commit folded into the next verify) or "store_all" (N + 1 snapshots); plain
+    decoding uses neither but checks both (tree may then also be None);
     backend: "auto" | "torch" | "triton" for the GDN ops; timing: "step" (two device syncs per step:
     draft and step times) or "phases" (also verify / accept / commit times, two more syncs).
 
-    temperature: 0 is greedy (top_k, top_p, seed and rule are then ignored); above 0 every token is
+    temperature: 0 is greedy (top_k, top_p, seed and rule are then checked but unused); above 0 every token is
     distributed as sampling softmax(logits / temperature), cut to top_k and top_p, would draw it;
     rule: how the tree is drafted and accepted ("match": fixed top-w / n-gram children; "rrs" /
     "rrs_wor": children sampled from the drafter, with / without replacement; see treewy.accept);
     seed: the same seed reproduces a run on the same device. progress: True shows a tqdm bar over
     the tokens; a callable gets (tokens so far, most tokens) after every step.
     """
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if as_int(max_new_tokens) is None or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens = {max_new_tokens!r}: expected a positive integer")
+    max_new_tokens = as_int(max_new_tokens)
     if timing not in TIMINGS:
         raise ValueError(f"timing = {timing!r}: expected one of {TIMINGS}")
     spec = spec_of(model)
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
-    sampling = sampling_of(temperature, top_k, top_p, seed, rule, spec.config.vocab_size)
+    vocab = spec.config.vocab_size
+    if eos_token_id is not None:
+        if as_int(eos_token_id) is None or not 0 <= eos_token_id < vocab:
+            raise ValueError(f"eos_token_id = {eos_token_id!r}: expected None (no end token) or a token id in "
+                             f"0..{vocab - 1}")
+        eos_token_id = as_int(eos_token_id)
+    sampling = sampling_of(temperature, top_k, top_p, seed, rule, vocab)
     d = make_drafter(drafter, model)
     if sampling is not None and sampling.sampled_children and d is not None \
             and not callable(getattr(d, "propose_sampled", None)):
         raise ValueError(f"rule = {rule!r} samples the children from the drafter, but drafter {d!r} has no "
                          "propose_sampled(); use rule='match' (fixed-token children) or a drafter that "
                          "returns its probabilities (see treewy.drafters)")
+    # tree and commit are checked even when plain decoding does not use them: a typo is an error there too
+    if commit is not None and commit not in COMMIT_MODES:
+        raise ValueError(f"commit = {commit!r}: expected 'reconstruct', 'store_all' or None")
     if d is None:
+        if tree is not None:
+            as_tree(tree)
         tr, mode = DraftTree([-1]), "store_all"  # plain decoding: one state, written in place
     else:
-        if commit is None:
-            commit = "reconstruct"
-        if commit not in COMMIT_MODES:
-            raise ValueError(f"commit = {commit!r}: expected 'reconstruct', 'store_all' or None")
-        tr, mode = as_tree(tree), commit
+        tr, mode = as_tree(tree), commit or "reconstruct"
     T = tr.num_nodes
-    prompts = _check_prompts(prompts, spec.config.vocab_size, spec.config.max_position_embeddings,
-                             max_new_tokens, T)
+    prompts = _check_prompts(prompts, vocab, spec.config.max_position_embeddings, max_new_tokens, T)
     B = len(prompts)
     capacity = max(len(p) for p in prompts) + max_new_tokens + T + 1
     cache = HybridCache.empty(spec, B, capacity, dtype, device)
