@@ -162,3 +162,27 @@ def test_stash_bytes_are_the_plugins_page():
                                       V=m.gdn_value_dim, max_nodes=len(tree) + 1)
         want = sum(prod(s) * torch.empty(0, dtype=d).element_size() for s, d in zip(shapes, dtypes))
         assert m.reconstruct_stash_bytes(tree, tp) == want
+
+
+@pytest.mark.parametrize("tp", [3, 5, 6, 32, 64])
+def test_tp_that_does_not_split_the_heads_is_refused_with_the_degrees_that_do(tp):
+    """vLLM shards the GDN key and value heads and the attention heads evenly (KV heads: evenly, or replicated); a
+    degree that does not split them would count fractional heads for the state and truncated ones for the stash."""
+    with pytest.raises(ValueError, match=rf"tp = {tp}: .*16 GDN key.*32 GDN value.*1, 2, 4, 8, 16$"):
+        max_requests(M35, "h200", 8192, tp=tp, mode="reconstruct")
+    with pytest.raises(ValueError, match=rf"tp = {tp}: "):
+        ModelSpec.from_name(M35).reconstruct_stash_bytes((1, 1, 1), tp)
+
+
+def test_simulator_refuses_a_tp_that_does_not_split_the_heads():
+    from treewy.sim import simulate
+
+    with pytest.raises(ValueError, match=r"tp = 3: .*1, 2, 4, 8, 16"):
+        simulate(M35, "h200", tp=3, concurrency=[1], kernels=None)
+
+
+def test_tp_degrees_that_split_every_preset_are_accepted():
+    assert ModelSpec.from_name(M35).tp_degrees() == (1, 2, 4, 8, 16)
+    assert ModelSpec.from_name(M397).tp_degrees() == (1, 2, 4, 8, 16)   # 2 KV heads replicated past tp = 2
+    assert ModelSpec.from_name("tiny").tp_degrees() == (1, 2)
+    assert paging(M397, "h200", tp=16, gmu=0.9).num_blocks > 0

@@ -32,7 +32,8 @@ Approximations (say so wherever they matter): weights are counted from the publi
 architecture (bf16, all experts resident, divided evenly over TP ranks; a ~0.4 B-parameter vision
 tower is added for Qwen3.5 as a round number, not read from a config); the activation reserve is a
 formula, not a profile; CUDA-graph memory and non-torch allocations are fixed guesses (1 GiB,
-0.5 GiB); KV heads are replicated when tp > num_kv_heads (as vLLM does); prefix caching is off.
+0.5 GiB); KV heads are replicated when tp > num_kv_heads (as vLLM does), and a tp that does not split
+the GDN and attention heads evenly is refused (vLLM refuses it too); prefix caching is off.
 """
 
 from __future__ import annotations
@@ -80,6 +81,27 @@ def _positive(name: str, value, fix: str, *, integer: bool = False, allow_zero: 
         kind = "a positive integer" if integer else "a positive number"
         raise ValueError(f"{name} = {value!r}: expected {kind}; {fix}")
     return value
+
+
+def tp_degrees(heads: dict[str, int]) -> tuple[int, ...]:
+    """Tensor-parallel degrees that split ``heads`` ({kind: count}) as vLLM shards them: every kind evenly, except
+    the softmax KV heads ("KV"), which may also be replicated (tp a multiple of them)."""
+    split = [n for kind, n in heads.items() if kind != "KV"]
+    kv = heads.get("KV")
+    top = min(split) if split else (kv or 1)
+    return tuple(d for d in range(1, top + 1) if all(n % d == 0 for n in split)
+                 and (kv is None or kv % d == 0 or d % kv == 0))
+
+
+def check_tp(tp: int, heads: dict[str, int], *, model: str, arg: str = "tp") -> int:
+    """``tp`` when it splits ``heads`` (see ``tp_degrees``); else a ValueError naming ``arg`` and the degrees that do."""
+    ok = tp_degrees(heads)
+    if tp not in ok:
+        counts = ", ".join(f"{n} {kind}" for kind, n in heads.items())
+        got = f"{arg} {tp}" if arg.startswith("-") else f"{arg} = {tp}"
+        raise ValueError(f"{got}: {model}'s heads ({counts}) do not split evenly over {tp} GPUs, as vLLM shards them; "
+                         f"tensor-parallel degrees that do: {', '.join(map(str, ok))}")
+    return tp
 
 
 def tree_num_nodes(tree) -> int:
@@ -187,10 +209,25 @@ class ModelSpec:
             source=source or (str(path) if path else "config dict"),
         )
 
+    # --- tensor parallelism ---------------------------------------------------------------------
+    @property
+    def heads(self) -> dict[str, int]:
+        return {"GDN key": self.gdn_key_heads, "GDN value": self.gdn_value_heads,
+                "attention": self.num_attention_heads, "KV": self.num_kv_heads}
+
+    def tp_degrees(self) -> tuple[int, ...]:
+        """The tensor-parallel degrees vLLM can shard this model over."""
+        return tp_degrees(self.heads)
+
+    def check_tp(self, tp: int) -> int:
+        """``tp``, or a ValueError: per-rank head counts below are exact only for a degree in ``tp_degrees()``."""
+        _positive("tp", tp, "use the tensor-parallel degree, e.g. 1, 2, 4 or 8", integer=True)
+        return check_tp(tp, self.heads, model=self.name)
+
     # --- per token / per sequence -------------------------------------------------------------
     def kv_heads_per_gpu(self, tp: int = 1) -> float:
         """KV heads a rank stores: heads / tp, at least 1 (vLLM replicates KV heads when tp > heads)."""
-        return max(self.num_kv_heads / tp, 1.0)
+        return max(self.num_kv_heads / self.check_tp(tp), 1.0)
 
     def kv_bytes_per_token(self, tp: int = 1, dtype: str = "bfloat16", *, include_mtp: bool = False) -> int:
         """Softmax K + V bytes per token over all attention layers (per GPU when tp > 1)."""
@@ -200,7 +237,7 @@ class ModelSpec:
     def gdn_state_bytes(self, dtype: str | None = None, tp: int = 1) -> int:
         """One recurrent state [HV, V, K] per GDN layer, per sequence (per GPU when tp > 1)."""
         dtype = dtype or self.default_state_dtype
-        return int(self.num_gdn_layers * self.gdn_value_heads / tp * self.gdn_value_dim * self.gdn_key_dim
+        return int(self.num_gdn_layers * self.gdn_value_heads / self.check_tp(tp) * self.gdn_value_dim * self.gdn_key_dim
                    * _bytes_of(dtype))
 
     @property
@@ -211,7 +248,7 @@ class ModelSpec:
     def conv_state_bytes(self, width: int | None = None, tp: int = 1, dtype: str = "bfloat16") -> int:
         """Conv state per GDN layer per sequence: ``width`` (default kernel - 1) past inputs of conv_dim channels."""
         width = self.conv_kernel - 1 if width is None else width
-        return int(self.conv_dim / tp * width * _bytes_of(dtype))
+        return int(self.conv_dim / self.check_tp(tp) * width * _bytes_of(dtype))
 
     def state_blocks(self, mode: str, tree=(1, 1, 1)) -> int:
         """GDN state blocks a request holds per layer: store_all N + 1, reconstruct 1."""
@@ -227,12 +264,12 @@ class ModelSpec:
         """TreeWY's pending commit kept in each GDN page by the vLLM plugin (treewy.serve.reconstruct.stash_layout):
         u [T, HV, V], k [T, H, K] and g [T, HV] in fp32 and the window length (int32), per layer and request."""
         T = tree_num_nodes(tree)
-        hv, h = self.gdn_value_heads // tp, self.gdn_key_heads // tp
+        hv, h = self.gdn_value_heads // self.check_tp(tp), self.gdn_key_heads // tp
         return int(T * (hv * self.gdn_value_dim + h * self.gdn_key_dim + hv) * 4 + 4)
 
     def pseudo_value_bytes(self, tree=(1, 1, 1), tp: int = 1) -> int:
         """TreeWY's transient U, T x V per value head in fp32, for one GDN layer of one request."""
-        return int(tree_num_nodes(tree) * self.gdn_value_heads / tp * self.gdn_value_dim * 4)
+        return int(tree_num_nodes(tree) * self.gdn_value_heads / self.check_tp(tp) * self.gdn_value_dim * 4)
 
     # --- parameters -----------------------------------------------------------------------------
     @property
@@ -457,7 +494,7 @@ def paging(model: ModelSpec | str, gpu: GPU | str, *, tp: int = 1, gmu: float = 
     """Lay out the KV pool the way vLLM does for a GDN hybrid; raises if the weights do not fit."""
     model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
     gpu = gpu if isinstance(gpu, GPU) else GPU.from_name(gpu)
-    _positive("tp", tp, "use the tensor-parallel degree, e.g. 1, 2, 4 or 8", integer=True)
+    model.check_tp(tp)
     if isinstance(gmu, bool) or not isinstance(gmu, (int, float)) or not 0 < gmu <= 1:
         raise ValueError(f"gmu = {gmu!r}: gpu-memory-utilization is a fraction in (0, 1], e.g. 0.6 or 0.9")
     if mode not in MODES:
