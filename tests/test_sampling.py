@@ -103,6 +103,17 @@ def test_warp_cuts_to_top_k_and_top_p():
     assert torch.allclose(hot, logits.mul(2).softmax(-1))
 
 
+@pytest.mark.parametrize("temperature", [1e-38, 1e-45, 5e-324])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_warp_at_tiny_temperatures_is_the_argmax(temperature, dtype):
+    """logits / temperature would overflow to inf (a NaN softmax): the limit is one-hot at the argmax."""
+    logits = torch.tensor([[3.0, 40.0, -2.0, 39.5], [-1e4, -3.0, -7.0, float("-inf")]], dtype=dtype)
+    for top_k, top_p in ((None, None), (2, None), (None, 0.5)):
+        probs = warp(logits, temperature, top_k, top_p)
+        assert torch.equal(probs, torch.eye(4, dtype=probs.dtype)[[1, 1]])
+    assert torch.equal(warp(torch.tensor([[2.0, 2.0, 1.0]]), 1e-38), torch.tensor([[0.5, 0.5, 0.0]]))  # a tie
+
+
 def test_draws_without_replacement_are_distinct_and_in_order():
     g = torch.Generator().manual_seed(0)
     probs = torch.tensor([[0.6, 0.3, 0.1, 0.0]]).expand(20000, -1)
@@ -123,9 +134,15 @@ def test_bad_sampling_input_is_a_clear_error():
         Sampling(1.0, top_p=1.5)
     with pytest.raises(ValueError, match="seed = '1'"):
         Sampling(1.0, seed="1")
+    for seed in (2**70, 2**63, -1, True):
+        with pytest.raises(ValueError, match=rf"seed = {seed!r}: expected None or an integer in 0..2\*\*63 - 1"):
+            Sampling(1.0, seed=seed)
+    assert Sampling(1.0, seed=2**63 - 1).seed == 2**63 - 1
     with pytest.raises(ValueError, match="rule = 'greedy'"):
         Sampling(1.0, rule="greedy")
     assert sampling_of(0.0, top_k=3) is None
+    with pytest.raises(ValueError, match="seed = -1"):  # greedy does not use it, but it is checked
+        sampling_of(0.0, seed=-1)
     from treewy.drafters import NgramDrafter
     d = NgramDrafter()
     d.begin(None, [[1, 2, 1]], None, [2])
@@ -173,8 +190,10 @@ def test_a_seed_reproduces_a_run_and_a_cold_one_is_greedy(toy_model, drafter, ru
     assert a.tokens == generate(toy_model, PROMPTS, temperature=1.5, seed=7, **kw).tokens
     assert a.tokens != generate(toy_model, PROMPTS, temperature=1.5, seed=8, **kw).tokens
     assert a.tokens != greedy
-    # softmax(logits / 1e-4) is one-hot at the argmax: every rule then accepts what greedy accepts
-    assert generate(toy_model, PROMPTS, temperature=1e-4, seed=1, **kw).tokens == greedy
+    # softmax(logits / 1e-4) is one-hot at the argmax: every rule then accepts what greedy accepts, also
+    # where logits / temperature overflows
+    for t in (1e-4, 1e-38):
+        assert generate(toy_model, PROMPTS, temperature=t, seed=1, **kw).tokens == greedy
 
 
 def test_sampling_arguments_are_checked(toy_model):

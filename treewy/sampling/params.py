@@ -8,6 +8,7 @@ import math
 import torch
 
 from treewy.accept import RULES
+from treewy.tree import as_int
 
 
 def warp(logits: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None
@@ -15,7 +16,13 @@ def warp(logits: torch.Tensor, temperature: float, top_k: int | None = None, top
     """The distribution sampling draws from: softmax(logits / temperature) over the top_k largest logits,
     then cut to the smallest set of most likely tokens whose mass reaches top_p, renormalized.
     logits [..., V] -> probs [..., V] (fp32, or fp64 for fp64 logits)."""
-    x = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32) / temperature
+    x = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+    # divide the gaps to the largest logit, never the logits themselves: logits / temperature overflows
+    # to inf (a NaN softmax) at tiny temperatures, while the gaps only run to -inf, and the largest logit
+    # keeps 0 (exactly, also where the temperature is below the float's range), so the limit is the argmax
+    top = x.amax(-1, keepdim=True)
+    gap = x - torch.where(top.isfinite(), top, 0)
+    x = torch.where(gap == 0, 0, gap / temperature)
     V = x.shape[-1]
     if top_k is not None and top_k < V:
         kth = x.topk(top_k, dim=-1).values[..., -1:]
@@ -61,12 +68,13 @@ class Sampling:
         if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
                                   or not 0 < top_p <= 1):
             raise ValueError(f"top_p = {top_p!r}: expected None (no cut) or a number in (0, 1] such as 0.9")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"seed = {seed!r}: expected None or an integer")
+        if seed is not None and (as_int(seed) is None or not 0 <= seed < 2 ** 63):
+            raise ValueError(f"seed = {seed!r}: expected None or an integer in 0..2**63 - 1")
         if rule not in RULES:
             raise ValueError(f"rule = {rule!r}: expected one of {RULES} ('match': fixed-token children such as "
                              "top-w MTP or n-gram drafts; 'rrs' / 'rrs_wor': children sampled from the drafter "
                              "with / without replacement)")
+        seed = None if seed is None else as_int(seed)
         self.temperature, self.top_k, self.top_p, self.seed, self.rule = float(temperature), top_k, top_p, seed, rule
         self.vocab = vocab  # the vocabulary size, for drafters that build q_draft themselves (n-gram)
         self._generators: dict[str, torch.Generator] = {}
@@ -103,7 +111,9 @@ class Sampling:
 
 def sampling_of(temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                 seed: int | None = None, rule: str = "match", vocab: int | None = None) -> Sampling | None:
-    """None for temperature 0 (greedy: the other arguments do not matter), else a validated Sampling."""
+    """None for temperature 0 (greedy, which uses none of the other arguments, but a bad one is still an
+    error rather than ignored), else a validated Sampling."""
     if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature == 0:
+        Sampling(1.0, top_k, top_p, seed, rule, vocab)
         return None
     return Sampling(temperature, top_k, top_p, seed, rule, vocab)
