@@ -70,6 +70,9 @@ def test_sweep_writes_one_tidy_row_per_point_and_resumes(tmp_path, fake_env, cap
     assert _bench(tmp_path, "--concurrency", "1,4", "--request-rate", "50", "--modes", "store_all,reconstruct") == 0
     assert _calls(fake_env) == 7
     assert pl.read_parquet(tmp_path / "sweep.parquet").height == 6
+    # the record appended after the torn line starts a line of its own: the next resume reads it and runs nothing
+    assert _bench(tmp_path, "--concurrency", "1,4", "--request-rate", "50", "--modes", "store_all,reconstruct") == 0
+    assert _calls(fake_env) == 7
 
 
 def test_server_that_dies_mid_sweep_is_recorded_and_restarted(tmp_path, fake_env, monkeypatch, capsys):

@@ -221,8 +221,13 @@ class Sweep:
     def _record(self, p: Point, row: dict) -> None:
         rec = {"key": self.cfg.key(p), "point": p.label(), "row": row}
         self.cfg.out.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.cfg.checkpoint, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        with open(self.cfg.checkpoint, "ab+") as f:
+            # a line cut short by an interruption gets its newline first, so this record starts a line of its own
+            if f.seek(0, os.SEEK_END):
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+            f.write(json.dumps(rec).encode() + b"\n")
         self.done[rec["key"]] = rec
         self.write_table()
 
