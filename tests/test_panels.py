@@ -32,6 +32,26 @@ def test_tree_panel_refuses_trees_over_the_limit_and_keeps_its_charts():
     assert p.frames["nodes"].height == 1 + 8 + 64  # the last shape that fit: (8, 8)
 
 
+def test_tree_panel_says_when_the_sliders_cannot_show_its_widths():
+    for widths, shown in [((0,), (1,)), ((1,) * 6, (1, 1, 1, 1)), ((9,), (8,)), ((2, 0, 3), (2,))]:
+        p = TreePanel(widths=widths)
+        assert p.widths == shown
+        assert f"widths {widths} do not fit the 4 level sliders" in p.status.value
+        assert f"showing {shown}" in p.status.value
+    p.set(level1=3)
+    assert p.widths == (3,) and "do not fit" not in p.status.value  # the sliders now hold the user's tree
+    assert "do not fit" not in TreePanel(widths=(2,)).status.value
+    with pytest.raises(ValueError, match=r"widths\[0\] = 2.5: branching factors are integers"):
+        TreePanel(widths=(2.5,))
+
+
+@pytest.mark.parametrize("sizes", [dict(V=0, K=0), dict(K=0), dict(V=-3), dict(V=2.0)], ids=str)
+def test_pseudo_value_panel_refuses_sizes_below_one(sizes):
+    name, value = next((k, v) for k, v in sizes.items() if not (isinstance(v, int) and v >= 1))
+    with pytest.raises(ValueError, match=rf"{name} = {value}: the value size V and key size K are positive integers"):
+        PseudoValuePanel(**sizes)
+
+
 def test_pseudo_value_panel_follows_the_sliders():
     p = PseudoValuePanel()
     u_before = p.frames["vectors"].filter(series="u (pseudo-value)")["value"].to_list()

@@ -11,6 +11,7 @@ from lab.charts import vectors_chart
 from lab.frames import vectors_frame
 from lab.panels.base import Panel
 from treewy.ops.naive import gdn_step, gdn_step_textbook
+from treewy.tree import as_int
 
 
 class PseudoValuePanel(Panel):
@@ -18,6 +19,10 @@ class PseudoValuePanel(Panel):
 
     def __init__(self, V: int = 12, K: int = 16, seed: int = 0):
         super().__init__()
+        for name, n in (("V", V), ("K", K)):
+            if as_int(n) is None or n < 1:
+                raise ValueError(f"{name} = {n!r}: the value size V and key size K are positive integers, "
+                                 "e.g. V=12, K=16")
         gen = torch.Generator().manual_seed(seed)
         self.S = torch.randn(V, K, generator=gen, dtype=torch.float64) * 0.3   # the parent's state
         self.k = torch.nn.functional.normalize(torch.randn(K, generator=gen, dtype=torch.float64), dim=0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import ipywidgets as w
 import torch
 
@@ -9,7 +11,27 @@ from lab.charts import blocks_chart, mask_chart, tree_chart
 from lab.frames import blocks_frame, mask_frame, tree_layout
 from lab.panels.base import Panel
 from treewy.check import parity_row
-from treewy.tree import DraftTree
+from treewy.tree import DraftTree, as_int
+
+
+LEVELS, MAX_WIDTH = 4, 8  # the level sliders
+
+
+def _fit_sliders(widths) -> tuple[tuple, tuple[int, ...]]:
+    """(widths as given, the tree the sliders show for them): at most LEVELS levels, each clamped to
+    1..MAX_WIDTH, cut at a 0."""
+    if isinstance(widths, str) or not isinstance(widths, Iterable):
+        raise ValueError(f"widths = {widths!r}: expected a tuple of branching factors such as (3, 2, 2)")
+    given = tuple(widths)
+    for d, x in enumerate(given):
+        if as_int(x) is None:
+            raise ValueError(f"widths[{d}] = {x!r}: branching factors are integers, e.g. (3, 2, 2)")
+    shown: list[int] = []
+    for x in map(as_int, given[:LEVELS]):
+        if x < 1 and shown:
+            break
+        shown.append(min(max(x, 1), MAX_WIDTH))
+    return given, tuple(shown) or (1,)
 
 
 class TreePanel(Panel):
@@ -17,20 +39,26 @@ class TreePanel(Panel):
 
     def __init__(self, widths: tuple[int, ...] = (3, 2, 2)):
         super().__init__()
-        padded = list(widths) + [0] * (4 - len(widths))
+        given, shown = _fit_sliders(widths)
+        padded = list(shown) + [0] * (LEVELS - len(shown))
         self.controls = {
-            f"level{d + 1}": w.IntSlider(value=padded[d], min=1 if d == 0 else 0, max=8, description=f"level {d + 1}",
-                                         continuous_update=False)
-            for d in range(4)
+            f"level{d + 1}": w.IntSlider(value=padded[d], min=1 if d == 0 else 0, max=MAX_WIDTH,
+                                         description=f"level {d + 1}", continuous_update=False)
+            for d in range(LEVELS)
         }
         for c in self.controls.values():
             c.observe(self.refresh, names="value")
+        # the sliders cannot show every tree: say which one they show instead, until a slider moves
+        self._note = "" if shown == given else (
+            f"widths {given} do not fit the {LEVELS} level sliders (1..{MAX_WIDTH} each; 0 ends the tree): "
+            f"showing {shown}. ")
         self.refresh()
+        self._note = ""
 
     @property
     def widths(self) -> tuple[int, ...]:
         out = []
-        for d in range(4):
+        for d in range(LEVELS):
             v = self.controls[f"level{d + 1}"].value
             if v == 0:
                 break
@@ -42,7 +70,7 @@ class TreePanel(Panel):
         try:
             tree = DraftTree.from_widths(widths)
         except ValueError as e:  # too many nodes for the kernels: say so, keep the last good charts
-            self.status.value = f"<span style='color:#b00020'>{e}</span>"
+            self.status.value = f"<span style='color:#b00020'>{self._note}{e}</span>"
             return
         self.tree = tree
         nodes, edges = tree_layout(tree)
@@ -54,7 +82,7 @@ class TreePanel(Panel):
                                            for dt in (torch.float64, torch.float32)])
         self.frames["parity"] = rows
         errs = ", ".join(f"{r['dtype']}: outputs {r['o_err']:.1e}, states {r['state_err']:.1e}" for r in rows)
-        self.status.value = (f"N = {tree.num_drafts} drafts, depth {tree.max_depth}, {len(tree.leaves)} leaves; "
+        self.status.value = (f"{self._note}N = {tree.num_drafts} drafts, depth {tree.max_depth}, {len(tree.leaves)} leaves; "
                              f"store-all holds {tree.state_blocks('store_all')} state blocks, TreeWY 1. "
                              f"Closed form vs recurrence (relative): {errs} — "
                              f"{'PASS' if all(r['ok'] for r in rows) else 'FAIL'}")
