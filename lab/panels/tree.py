@@ -82,7 +82,8 @@ class TreePanel(Panel):
                                            for dt in (torch.float64, torch.float32)])
         self.frames["parity"] = rows
         errs = ", ".join(f"{r['dtype']}: outputs {r['o_err']:.1e}, states {r['state_err']:.1e}" for r in rows)
-        self.status.value = (f"{self._note}N = {tree.num_drafts} drafts, depth {tree.max_depth}, {len(tree.leaves)} leaves; "
+        self.status.value = (f"{self._note}N = {tree.num_drafts} drafts, depth {tree.max_depth}, "
+                             f"{len(tree.leaves)} leaves; "
                              f"store-all holds {tree.state_blocks('store_all')} state blocks, TreeWY 1. "
                              f"Closed form vs recurrence (relative): {errs} — "
                              f"{'PASS' if all(r['ok'] for r in rows) else 'FAIL'}")
