@@ -244,19 +244,38 @@ def compare(report: dict) -> dict:
     return v
 
 
-def kill_engine_after(checkpoint: Path, points: int, out: Path) -> None:
-    """Kill vLLM's engine-core process once, as soon as ``points`` points are in the sweep's checkpoint."""
-    import subprocess
+def kill_engine(server_pid: int) -> list[int]:
+    """SIGKILL the engine-core process(es) of the vLLM server whose pid is ``server_pid``, and nothing else: the
+    server's descendants, found from its pid through /proc, whose command line says EngineCore (all of them if
+    none does). Another server's engine on the same host is not among them. Returns the pids killed."""
+    import signal
+
+    from treewy.serve.launcher import cmdline, descendants
+
+    tree = descendants(server_pid)
+    engines = [p for p in tree if "EngineCore" in cmdline(p)] or tree
+    for p in engines:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return engines
+
+
+def kill_engine_after(cfg, points: int, out: Path) -> None:
+    """Kill the engine core of the sweep's own server once, as soon as ``points`` points are in its checkpoint (the
+    server's pid is in the record the sweep keeps beside its table)."""
     import threading
 
     def watch():
-        while not (checkpoint.is_file() and len(checkpoint.read_text().splitlines()) >= points):
+        while not (cfg.checkpoint.is_file() and len(cfg.checkpoint.read_text().splitlines()) >= points):
             time.sleep(0.5)
         time.sleep(3)                                  # inside the next point's requests
-        r = subprocess.run(["pkill", "-9", "-f", "EngineCore"], capture_output=True, text=True)
-        (out / "fault.txt").write_text(f"{time.strftime('%H:%M:%S')} pkill -9 -f EngineCore after {points} "
-                                       f"finished point(s): exit {r.returncode}\n")
-        log(f"FAULT: killed the engine core after {points} point(s)")
+        server_pid = json.loads(cfg.server_pid_file.read_text())["pid"]
+        killed = kill_engine(server_pid)
+        (out / "fault.txt").write_text(f"{time.strftime('%H:%M:%S')} SIGKILL to the engine core of server pid "
+                                       f"{server_pid} after {points} finished point(s): pids {killed}\n")
+        log(f"FAULT: killed the engine core (pids {killed}) after {points} point(s)")
 
     threading.Thread(target=watch, daemon=True).start()
 
@@ -266,7 +285,7 @@ def run_sweep(cfg, out: Path, kill_at: int = 0) -> tuple[int, int]:
 
     os.environ.update(ENV_026)
     if kill_at:
-        kill_engine_after(cfg.checkpoint, kill_at, out)
+        kill_engine_after(cfg, kill_at, out)
     ran, bad = Sweep(cfg, log=log).run(progress=False)
     log(f"sweep {cfg.modes}: {ran} points run, {bad} failed")
     return ran, bad

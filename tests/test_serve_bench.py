@@ -67,6 +67,8 @@ def test_sweep_writes_one_tidy_row_per_point_and_resumes(tmp_path, fake_env, cap
     ck = tmp_path / "sweep.points.jsonl"
     lines = ck.read_text().splitlines()
     ck.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])  # the last record cut mid-line
+    table = pl.read_parquet(tmp_path / "sweep.parquet")   # and, as then, the table written before that record
+    table.head(table.height - 1).write_parquet(tmp_path / "sweep.parquet")
     assert _bench(tmp_path, "--concurrency", "1,4", "--request-rate", "50", "--modes", "store_all,reconstruct") == 0
     assert _calls(fake_env) == 7
     assert pl.read_parquet(tmp_path / "sweep.parquet").height == 6

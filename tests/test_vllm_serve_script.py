@@ -119,3 +119,44 @@ def test_tf32_probe_writes_attention_out_exactly_and_rounds_to_ten_bits(bench_sc
     assert probe.tf32_nearest(x).tolist() == [1 + 2 ** -10, 1.0, -3.0 - 2 ** -9]   # halves away from zero (cvt.rna)
     assert probe.tf32_truncated(x).tolist() == [1.0, 1.0, -3.0 - 2 ** -9]
     assert probe.tf32_nearest(torch.randn(100, generator=g)).view(torch.int32).bitwise_and(0x1FFF).eq(0).all()
+
+
+def test_fault_kills_only_the_engine_of_the_server_it_started(bench_script):
+    """The fault mode kills the engine-core process of its own server, found from the server's pid through /proc:
+    a process elsewhere on the host whose command line also says EngineCore is left alone, and so is the server."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import pytest
+
+    from treewy.serve.launcher import process_alive
+
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("needs /proc")
+    mod = bench_script("vllm_serve_gpu")
+    source = Path(mod.__file__).read_text()
+    assert "pkill" not in source and "killall" not in source
+    sleeper = "import sys, time; print('up', flush=True); time.sleep(30)"
+    server_code = ("import subprocess, sys, time; "
+                   f"c = subprocess.Popen([sys.executable, '-c', {sleeper!r}, 'VLLM::EngineCore'], "
+                   "stdout=subprocess.PIPE); c.stdout.readline(); print(c.pid, flush=True); time.sleep(30)")
+    decoy = subprocess.Popen([sys.executable, "-c", sleeper, "VLLM::EngineCore"], stdout=subprocess.PIPE)
+    server = subprocess.Popen([sys.executable, "-c", server_code], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        decoy.stdout.readline()
+        engine = int(server.stdout.readline())
+        assert mod.kill_engine(server.pid) == [engine]
+        deadline = time.monotonic() + 5
+        while process_alive(engine):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert process_alive(server.pid) and decoy.poll() is None
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)   # the server and, had the fault missed it, its engine
+        decoy.kill()
+        server.wait()
+        decoy.wait()

@@ -99,11 +99,25 @@ def save(model, path, dtype=torch.bfloat16) -> Path:
     return path
 
 
+def _read_json(path: Path) -> dict:
+    """A JSON object from a checkpoint file; ValueError naming the file otherwise."""
+    try:
+        data = json.loads(path.read_bytes())
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise ValueError(f"{path}: not a JSON object ({e}); the checkpoint is damaged or incomplete") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a JSON {type(data).__name__}, not an object; the checkpoint is damaged")
+    return data
+
+
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
     index = path / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index}: no weight_map object; the checkpoint is damaged")
+        files = sorted(set(weight_map.values()))
     else:
         files = sorted(p.name for p in path.glob("*.safetensors"))
     if not files:
@@ -111,9 +125,13 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
                          "and model.safetensors (or shards listed in model.safetensors.index.json)")
     out = {}
     for f in files:
-        with safe_open(str(path / f), framework="pt") as fh:
-            for k in fh.keys():
-                out[k] = fh.get_tensor(k)
+        try:  # safetensors checks the header length against the file size itself
+            with safe_open(str(path / f), framework="pt") as fh:
+                for k in fh.keys():
+                    out[k] = fh.get_tensor(k)
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{path / f}: not a readable safetensors file ({e}); the checkpoint is damaged or "
+                             "incomplete") from None
     return out
 
 
@@ -134,7 +152,7 @@ def load(path_or_preset="tiny", dtype=torch.float32, device="cpu"):
     """The transformers causal LM of a Qwen3.5 / Qwen3-Next checkpoint, with ``model.mtp`` when the
     checkpoint has ``mtp.*`` weights (else ``model.mtp`` is None), in eval mode."""
     path = _resolve(path_or_preset)
-    raw = json.loads((path / "config.json").read_text())
+    raw = _read_json(path / "config.json")
     model_type = raw.get("model_type")
     cfg_cls, model_cls, wrapper = _classes(model_type, f" in {path / 'config.json'}")
     text = dict(raw.get("text_config") or {}) if wrapper else dict(raw)

@@ -3,17 +3,19 @@
     treewy bench-serve --preset qwen3.5-35b-a3b --workloads balanced-chat,generation-heavy \\
         --concurrency 1,8,32,64,128,256 --modes store_all,reconstruct --out results/serve35b.parquet
 
-Rerunning the same command resumes: finished points (in OUT.points.jsonl) are skipped.
+Rerunning the same command resumes: finished points (in OUT.points.jsonl) are skipped. An existing OUT
+whose rows that checkpoint does not hold (another run's or another tool's table) is refused, not replaced.
 Exit code 0 when every point succeeded, 1 when some failed (they are rows with ``error`` set).
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from treewy.serve.cli_serve import add_server_arguments, options_from_args, preflight
-from treewy.serve.launcher import ServeError
+from treewy.serve.launcher import ServeError, build_command
 from treewy.serve.sweep import WORKLOADS, Sweep, SweepConfig
 from treewy.tree import STATE_MODES
 
@@ -56,22 +58,23 @@ def run(args) -> int:
             raise ServeError(f"--modes {args.modes!r}: expected a comma-separated subset of {', '.join(STATE_MODES)}")
         opts, name = options_from_args(args, modes[0])
         for m in modes:  # every mode's command must be valid before anything starts
-            from treewy.serve.launcher import build_command
-            build_command(type(opts)(**{**opts.__dict__, "mode": m}))
-        device = preflight(opts, gpu_check=not args.no_gpu_check)
+            build_command(replace(opts, mode=m))
         out = Path(args.out)
         cfg = SweepConfig(server=opts, model_name=name, workloads=[w.strip() for w in args.workloads.split(",") if w.strip()],
                           modes=modes, concurrencies=args.concurrency, request_rates=args.request_rate,
                           num_prompts=args.num_prompts, prompts_per_concurrency=args.prompts_per_concurrency, out=out,
                           result_dir=Path(args.result_dir) if args.result_dir else None,
-                          dataset_dir=args.dataset_dir, device=args.device or device,
+                          dataset_dir=args.dataset_dir, device=args.device or "unchecked",
                           health_timeout=args.health_timeout, point_timeout=args.point_timeout,
                           metrics_interval=args.metrics_interval, retry_failed=args.retry_failed,
                           max_restarts=args.max_restarts, echo_server_log=args.show_server_log)
+        cfg.points()  # load points and workloads are checked before anything starts
         for w in cfg.workloads:
-            if w in WORKLOADS:
-                WORKLOADS[w].bench_args(cfg.dataset_dir)  # missing dataset files fail now, not mid-sweep
+            WORKLOADS[w].bench_args(cfg.dataset_dir)  # missing dataset files fail now, not mid-sweep
         sweep = Sweep(cfg, log=lambda m: print(f"treewy bench-serve: {m}", file=sys.stderr, flush=True))
+        sweep.stop_leftover_server()  # before the preflight finds its port in use
+        device = preflight(opts, gpu_check=not args.no_gpu_check)
+        cfg.device = args.device or device
         ran, failed = sweep.run(progress=not args.no_progress)
         frame = sweep.write_table()
         n_err = int(frame["error"].is_not_null().sum())

@@ -17,6 +17,7 @@ from treewy.serve.launcher import (
     check_gpu,
     check_mtp_weights,
     check_port_free,
+    check_tensor_parallel,
     check_vllm_installed,
     format_command,
 )
@@ -62,13 +63,16 @@ def options_from_args(args, mode: str) -> tuple[ServeOptions, str]:
                   vllm=args.vllm, extra_args=extra)
     if args.preset:
         preset = ServePreset.from_name(args.preset)
-        return ServeOptions.from_preset(preset, **over, **common), preset.name
+        opts = ServeOptions.from_preset(preset, **over, **common)
+        check_tensor_parallel(opts.tp, opts.model, preset.name)
+        return opts, preset.name
     if not args.model:
         raise ServeError(f"pass --preset NAME ({', '.join(sorted(PRESETS))}) or --model PATH")
     opts = ServeOptions(model=args.model, **common)
     for k, v in over.items():
         if v is not None:
             setattr(opts, k, v)
+    check_tensor_parallel(opts.tp, opts.model)
     return opts, args.model
 
 

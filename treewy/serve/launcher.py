@@ -2,11 +2,13 @@
 
 ``build_command`` is pure (the dry run prints it); ``VLLMServer`` owns the process: it refuses a
 port in use, starts vLLM in its own process group, streams its log, waits for ``/health`` and
-stops the whole group (SIGINT, then SIGTERM, then SIGKILL) on exit or Ctrl-C.
+stops the whole group (SIGINT, then SIGTERM, then SIGKILL) on exit or Ctrl-C. On Linux the kernel
+also sends the server SIGTERM when the process that started it dies, even by SIGKILL.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shlex
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from treewy.serve.presets import ServePreset
-from treewy.serve.vllm_adapter import SERVE_REQUIREMENT, release_line, unsupported_message
+from treewy.serve.vllm_adapter import SERVE_REQUIREMENT, SUPPORTED, release_line, unsupported_message
 from treewy.tree import STATE_MODES
 
 #: The plugin's entry-point name (pyproject: [project.entry-points."vllm.general_plugins"] treewy).
@@ -65,6 +67,21 @@ class ServeOptions:
         return f"http://{self.host}:{self.port}"
 
 
+def _positive_int(flag: str, value, fix: str, top: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (top is not None and value > top):
+        want = f"an integer in 1..{top}" if top else "a positive integer"
+        raise ServeError(f"{flag} {value}: expected {want}; {fix}")
+
+
+def _binding_flag(arg: str) -> str | None:
+    """"--host" or "--port" when ``arg`` sets one in a spelling vLLM's parser accepts: ``--host X``, ``--host=X``,
+    underscores for dashes, or an abbreviation argparse expands (``--hos``)."""
+    if not arg.startswith("--"):
+        return None
+    name = arg[2:].split("=", 1)[0].replace("_", "-")
+    return next((f"--{flag}" for flag in ("host", "port") if len(name) >= 2 and flag.startswith(name)), None)
+
+
 def build_command(opts: ServeOptions) -> tuple[list[str], dict[str, str]]:
     """(argv, env): the exact ``vllm serve`` command and the environment variables it adds."""
     if opts.mode not in STATE_MODES:
@@ -72,6 +89,17 @@ def build_command(opts: ServeOptions) -> tuple[list[str], dict[str, str]]:
     if opts.host not in ("127.0.0.1", "localhost", "::1"):
         raise ServeError(f"host = {opts.host!r}: the launcher binds to 127.0.0.1 only; "
                          "put a reverse proxy in front if the server must be reachable")
+    _positive_int("--tp", opts.tp, "the tensor-parallel size is a number of GPUs, e.g. 1, 2, 4 or 8")
+    _positive_int("--port", opts.port, "pick a free TCP port, e.g. 8000", top=65535)
+    _positive_int("--max-num-seqs", opts.max_num_seqs, "the most requests vLLM runs at once, e.g. 256")
+    if opts.max_model_len is not None:
+        _positive_int("--max-model-len", opts.max_model_len, "a context length in tokens, or leave it out for the "
+                      "model's own")
+    for arg in opts.extra_args:  # vLLM keeps the last --host / --port: an extra one would override the launcher's
+        if flag := _binding_flag(arg):
+            raise ServeError(f"extra vLLM argument {arg!r} sets the server's {flag}: the launcher binds to "
+                             f"127.0.0.1 only and passes {flag} itself; use treewy's own --port to pick the port "
+                             "(and a reverse proxy in front if the server must be reachable from elsewhere)")
     if opts.num_speculative_tokens < 1:
         raise ServeError(f"num_speculative_tokens = {opts.num_speculative_tokens}: MTP needs at least 1")
     if not 0 < opts.gmu <= 1:
@@ -87,7 +115,7 @@ def build_command(opts: ServeOptions) -> tuple[list[str], dict[str, str]]:
             "--max-num-seqs", str(opts.max_num_seqs),
             "--enable-prefix-caching" if opts.prefix_caching else "--no-enable-prefix-caching",
             "--host", opts.host, "--port", str(opts.port)]
-    if opts.max_model_len:
+    if opts.max_model_len is not None:
         argv += ["--max-model-len", str(opts.max_model_len)]
     if opts.served_model_name:
         argv += ["--served-model-name", opts.served_model_name]
@@ -117,8 +145,9 @@ def check_vllm_installed(exe: str = "vllm") -> str:
     """The path of the ``vllm`` executable; ServeError if there is none or its version is unsupported."""
     path = shutil.which(exe)
     if path is None:
-        raise ServeError(f"vLLM is not installed: no '{exe}' executable on PATH. On a CUDA machine run "
-                         f"`pip install 'treewy[serve]'` ({SERVE_REQUIREMENT}); CPU-only machines cannot "
+        lines = ", ".join(f"{k}.x ({v})" for k, v in SUPPORTED.items())
+        raise ServeError(f"vLLM is not installed: no '{exe}' executable on PATH; supported: {lines}. On a CUDA "
+                         f"machine run `pip install 'treewy[serve]'` ({SERVE_REQUIREMENT}); CPU-only machines cannot "
                          "run it (use --dry-run to see the command)")
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=300)
@@ -147,11 +176,75 @@ def check_gpu() -> str:
     return names[0]
 
 
+def _read_json_object(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_bytes())
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise ServeError(f"{path} is not a JSON object ({e}); the checkpoint is damaged or incomplete: "
+                         "download or export it again") from None
+    if not isinstance(data, dict):
+        raise ServeError(f"{path} holds a JSON {type(data).__name__}, not a JSON object; the checkpoint is damaged "
+                         "or incomplete: download or export it again")
+    return data
+
+
 def _safetensors_keys(path: Path) -> list[str]:
+    """The tensor names of a safetensors file, from its header: an 8-byte little-endian length, then that many
+    bytes of JSON. The length is checked against the file size before anything is read."""
+    size = path.stat().st_size
+    fix = "the file is truncated or damaged: download or export the checkpoint again"
     with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+        head = f.read(8)
+        if len(head) < 8:
+            raise ServeError(f"{path} is not a safetensors file: {size} byte(s), fewer than the 8 of its header "
+                             f"length; {fix}")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise ServeError(f"{path} is not a safetensors file: its header length says {n} bytes, the file holds "
+                             f"{size - 8} after it; {fix}")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except ValueError as e:
+        raise ServeError(f"{path} is not a safetensors file: its header is not JSON ({e}); {fix}") from None
+    if not isinstance(header, dict):
+        raise ServeError(f"{path} is not a safetensors file: its header is a JSON {type(header).__name__}, "
+                         f"not an object; {fix}")
     return [k for k in header if k != "__metadata__"]
+
+
+def _heads_from_config(text: dict) -> dict[str, int]:
+    names = {"GDN key": "linear_num_key_heads", "GDN value": "linear_num_value_heads",
+             "attention": "num_attention_heads", "KV": "num_key_value_heads"}
+    return {kind: text[key] for kind, key in names.items()
+            if isinstance(text.get(key), int) and not isinstance(text[key], bool) and text[key] > 0}
+
+
+def check_tensor_parallel(tp, model: str, preset: str | None = None) -> None:
+    """vLLM shards the heads evenly over the tp ranks: refuse a ``--tp`` that does not split them, where the heads
+    are known here (a preset, or a local checkpoint's config.json; a Hugging Face id is left to vLLM)."""
+    from treewy.memory import ModelSpec, check_tp
+
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        return  # build_command names a tp below 1
+    if preset is not None:
+        try:
+            spec = ModelSpec.from_name(preset)
+        except ValueError:  # a serving preset the memory model does not describe: vLLM checks it
+            return
+        heads, name = spec.heads, spec.name
+    else:
+        cfg_path = Path(model) / "config.json"
+        if not cfg_path.is_file():
+            return
+        cfg = _read_json_object(cfg_path)
+        text = cfg.get("text_config", cfg)
+        heads, name = (_heads_from_config(text) if isinstance(text, dict) else {}), str(cfg_path)
+    if heads:
+        try:
+            check_tp(tp, heads, model=name, arg="--tp")
+        except ValueError as e:
+            raise ServeError(str(e)) from None
 
 
 def check_mtp_weights(model: str) -> None:
@@ -165,16 +258,23 @@ def check_mtp_weights(model: str) -> None:
     cfg_path = d / "config.json"
     if not cfg_path.is_file():
         raise ServeError(f"{d} has no config.json: not a Hugging Face checkpoint directory")
-    cfg = json.loads(cfg_path.read_text())
+    cfg = _read_json_object(cfg_path)
     text = cfg.get("text_config", cfg)
+    if not isinstance(text, dict):
+        raise ServeError(f"{cfg_path}: text_config is a JSON {type(text).__name__}, not an object; the checkpoint "
+                         "is damaged: download or export it again")
     n_mtp = text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers", 0)) or 0
-    if n_mtp < 1:
+    if not isinstance(n_mtp, int) or n_mtp < 1:
         raise ServeError(f"{d}/config.json declares no MTP layers (mtp_num_hidden_layers / "
                          "num_nextn_predict_layers missing or 0); MTP speculation needs a checkpoint "
                          "that ships its MTP head")
     index = d / "model.safetensors.index.json"
     if index.is_file():
-        keys = list(json.loads(index.read_text()).get("weight_map", {}))
+        weight_map = _read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ServeError(f"{index} has no weight_map object; the checkpoint is damaged: download or export it "
+                             "again")
+        keys = list(weight_map)
     else:
         files = sorted(d.glob("*.safetensors"))
         if not files:
@@ -183,6 +283,92 @@ def check_mtp_weights(model: str) -> None:
     if not any(k.startswith("mtp.") or ".mtp." in k for k in keys):
         raise ServeError(f"{d} has no MTP weights: none of its {len(keys)} tensors is named 'mtp.*' "
                          "(quantized or stripped exports often drop them); use the full checkpoint")
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _parent_death_signal():
+    """A ``preexec_fn`` asking the kernel to send the child SIGTERM when its parent dies, however it dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``); None where libc has no prctl. The kernel's "parent" is the thread that forked:
+    start servers from the main thread, as the CLI does."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError, TypeError):
+        return None
+    parent, sig = os.getpid(), ctypes.c_ulong(signal.SIGTERM)  # prctl's second argument is an unsigned long
+
+    def preexec() -> None:  # runs in the forked child before exec: kept to two system calls
+        prctl(PR_SET_PDEATHSIG, sig)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, pgrp, ...), or None: no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def has_proc() -> bool:
+    return Path("/proc/self/stat").is_file()
+
+
+def process_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None: no such process."""
+    f = _proc_stat(pid)
+    return int(f[19]) if f else None
+
+
+def process_alive(pid: int, start_time: int | None = None) -> bool:
+    """Whether ``pid`` runs (a zombie does not), and, given ``start_time``, is the process that started then."""
+    if not has_proc():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # another user's process: alive all the same
+            pass
+        return True
+    f = _proc_stat(pid)
+    return f is not None and f[0] not in "ZX" and (start_time is None or int(f[19]) == start_time)
+
+
+def _live_processes():
+    """(pid, stat fields) of every running process, from /proc."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and (f := _proc_stat(int(d.name))) is not None and f[0] not in "ZX":
+            yield int(d.name), f
+
+
+def group_members(pgid: int) -> list[int]:
+    """The running processes of process group ``pgid`` (a server started by VLLMServer leads its own group)."""
+    return [pid for pid, f in _live_processes() if int(f[2]) == pgid]
+
+
+def descendants(pid: int) -> list[int]:
+    """The running children of ``pid``, their children and so on, found through /proc's parent links."""
+    children: dict[int, list[int]] = {}
+    for child, f in _live_processes():
+        children.setdefault(int(f[1]), []).append(child)
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return sorted(out)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 class VLLMServer:
@@ -200,7 +386,8 @@ class VLLMServer:
     def start(self) -> VLLMServer:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(self.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1,
+                                     preexec_fn=_parent_death_signal())
         self._reader = threading.Thread(target=self._stream, daemon=True)
         self._reader.start()
         return self

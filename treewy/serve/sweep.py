@@ -4,6 +4,9 @@ Points are grouped by mode (one server start per mode). Each finished point, goo
 appended to a JSONL checkpoint keyed by (model, k, workload, mode, concurrency, rate) and the
 table (``treewy.schema.serving_frame``) is rewritten after every point, so an interrupted sweep
 resumes where it stopped. A failed point becomes a row with ``error`` set, never a missing row.
+Because the table is rebuilt from the checkpoint, an existing table with rows the checkpoint does
+not hold is refused rather than replaced. A running server is recorded in OUT.server.pid, so that
+the next run stops a server that a killed run left behind.
 """
 
 from __future__ import annotations
@@ -20,7 +23,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from treewy.serve.launcher import ServeError, ServeOptions, VLLMServer, build_command, check_port_free
+from treewy.serve.launcher import (
+    ServeError,
+    ServeOptions,
+    VLLMServer,
+    build_command,
+    check_port_free,
+    group_members,
+    has_proc,
+    process_alive,
+    process_start_time,
+)
 from treewy.serve.metrics import MetricsScraper
 from treewy.workloads import CATALOGUE
 
@@ -100,6 +113,19 @@ class SweepConfig:
             raise ServeError(f"unknown workload(s) {unknown}; known: {', '.join(WORKLOADS)}")
         if not self.concurrencies and not self.request_rates:
             raise ServeError("give at least one load point: --concurrency 1,8,32 and/or --request-rate 2,8")
+        for c in self.concurrencies:
+            if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+                raise ServeError(f"--concurrency {c}: expected positive numbers of requests in flight, e.g. 1,8,32")
+        for r in self.request_rates:
+            if not r > 0:  # nan too
+                raise ServeError(f"--request-rate {r:g}: expected positive request rates (req/s), e.g. 2,8 "
+                                 "(inf sends every request at once)")
+        if self.num_prompts < 1:
+            raise ServeError(f"--num-prompts {self.num_prompts}: expected a positive number of requests per load "
+                             "point, e.g. 200")
+        if self.prompts_per_concurrency < 0:
+            raise ServeError(f"--prompts-per-concurrency {self.prompts_per_concurrency}: expected 0 (off) or a "
+                             "positive multiple of the concurrency")
         loads = [(c, None) for c in self.concurrencies] + [(None, r) for r in self.request_rates]
         return [Point(w, m, c, r) for m in self.modes for w in self.workloads for c, r in loads]
 
@@ -107,13 +133,23 @@ class SweepConfig:
     def checkpoint(self) -> Path:
         return self.out.with_suffix(".points.jsonl")
 
+    @property
+    def server_pid_file(self) -> Path:
+        return self.out.with_suffix(".server.pid")
+
     def prompts(self, p: Point) -> int:
         """Requests sent at a load point."""
         return max(self.num_prompts, self.prompts_per_concurrency * (p.concurrency or 0))
 
     def key(self, p: Point) -> str:
-        return json.dumps([self.model_name, self.server.num_speculative_tokens, p.workload, p.mode,
-                           p.concurrency, p.request_rate])
+        return point_key(self.model_name, self.server.num_speculative_tokens, p.workload, p.mode, p.concurrency,
+                         p.request_rate)
+
+
+def point_key(model: str, k: int, workload: str, mode: str, concurrency, request_rate) -> str:
+    """The checkpoint's key of a point; a table row has it as (model, num_drafts, workload, mode, concurrency,
+    request_rate)."""
+    return json.dumps([model, k, workload, mode, concurrency, request_rate])
 
 
 def load_checkpoint(path: Path) -> dict[str, dict]:
@@ -217,6 +253,43 @@ class Sweep:
         self.cfg, self.log = cfg, log
         self.result_dir = cfg.result_dir or cfg.out.parent / (cfg.out.stem + "_results")
         self.done = load_checkpoint(cfg.checkpoint)
+        self.check_out()
+
+    def check_out(self) -> None:
+        """Refuse an --out that rebuilding the table from the checkpoint would lose rows of: a folder, a file that
+        is no parquet table, or a table with a row whose point the checkpoint holds no record of (another run's
+        table copied there, or another tool's). What an interrupted sweep leaves passes: its table is written
+        after each record."""
+        out, fix = self.cfg.out, "pass a fresh --out path, or move the file away"
+        if out.is_dir():
+            raise ServeError(f"--out {out} is a folder: give the path of a parquet file, e.g. "
+                             f"{out / 'serving.parquet'}")
+        if not out.exists():
+            return
+        try:
+            import polars as pl
+        except ImportError:
+            return  # write_table leaves --out alone where polars is not installed
+        try:
+            table = pl.read_parquet(out)
+        except (pl.exceptions.PolarsError, OSError) as e:
+            raise ServeError(f"--out {out} exists and is not a parquet table ({type(e).__name__}); bench-serve "
+                             f"would replace it: {fix}") from None
+        lost = sum(not self._accounted(row) for row in table.to_dicts())
+        if lost:
+            raise ServeError(f"--out {out} holds {lost} of its {table.height} row(s) that the checkpoint "
+                             f"{self.cfg.checkpoint} has no record of (another run's table, or another tool's?); "
+                             f"bench-serve rebuilds --out from the checkpoint and would drop them: {fix}")
+
+    def _accounted(self, row: dict) -> bool:
+        if row.get("simulated") is not False:  # bench-serve writes measured rows only
+            return False
+        key = point_key(row.get("model"), row.get("num_drafts"), row.get("workload"), row.get("mode"),
+                        row.get("concurrency"), row.get("request_rate"))
+        return key in self.done
+
+    def stop_leftover_server(self) -> None:
+        stop_leftover_server(self.cfg.server_pid_file, self.log)
 
     def _record(self, p: Point, row: dict) -> None:
         rec = {"key": self.cfg.key(p), "point": p.label(), "row": row}
@@ -261,11 +334,16 @@ class Sweep:
         srv = VLLMServer(argv, env, opts.base_url, log_path=str(log_path), echo=self.cfg.echo_server_log)
         srv.start()
         try:
+            write_server_pid(self.cfg.server_pid_file, srv.proc.pid, opts.port)
             srv.wait_healthy(timeout=self.cfg.health_timeout)
         except BaseException:
-            srv.stop()
+            self._stop(srv)
             raise
         return srv
+
+    def _stop(self, srv: VLLMServer) -> None:
+        srv.stop()
+        self.cfg.server_pid_file.unlink(missing_ok=True)
 
     def run_point(self, srv: VLLMServer, p: Point) -> dict:
         name = p.label() + ".json"
@@ -299,6 +377,7 @@ class Sweep:
         """Run every point not yet done; returns (points run now, points failed now). A SIGTERM (``timeout``, a
         job scheduler) stops the server like Ctrl-C does, so no vLLM is left holding the GPU and the port."""
         with _sigterm_as_exit():
+            self.stop_leftover_server()
             return self._run(progress)
 
     def _run(self, progress: bool) -> tuple[int, int]:
@@ -324,7 +403,7 @@ class Sweep:
                         bar.set_postfix_str(p.label())
                         if start_error is None and (srv is None or not srv.alive):
                             if srv is not None:  # it died during the previous point
-                                srv.stop()
+                                self._stop(srv)
                                 srv = None
                                 if restarts >= self.cfg.max_restarts:
                                     start_error = (f"the {mode} server died {restarts + 1} time(s); not restarting "
@@ -349,10 +428,61 @@ class Sweep:
                         bar.update(1)
                 finally:
                     if srv is not None:
-                        srv.stop()
+                        self._stop(srv)
         finally:
             bar.close()
         return ran, failed
+
+
+def write_server_pid(path: Path, pid: int, port: int) -> None:
+    """Record a started server (pid, start time, port) beside the table, for the next run if this one is killed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".pid.tmp")
+    tmp.write_text(json.dumps({"pid": pid, "start_time": process_start_time(pid), "port": port}) + "\n")
+    os.replace(tmp, path)
+
+
+def stop_leftover_server(path: Path, log: Callable[[str], None]) -> None:
+    """Stop the server an earlier run recorded in ``path`` and never stopped: that run was killed where the kernel's
+    parent-death signal is missing, or the server's engine processes outlived it. The server leads its own process
+    group, and the whole group is stopped; a record of a process that is gone, or of another process that got the
+    same pid since (another start time), is removed."""
+    if not path.is_file():
+        return
+    try:
+        rec = json.loads(path.read_text())
+        pid, start, port = int(rec["pid"]), rec.get("start_time"), rec.get("port")
+    except (ValueError, KeyError, TypeError):
+        raise ServeError(f"{path} is not a server record bench-serve wrote; if no vLLM server of this sweep is "
+                         "still running, delete it and rerun") from None
+    if not has_proc():
+        if process_alive(pid):
+            raise ServeError(f"a vLLM server an earlier run of this sweep started may still be running (pid {pid}, "
+                             f"port {port}, recorded in {path}): stop it with `kill -TERM -{pid}`, delete {path}, "
+                             "then rerun")
+        path.unlink()
+        return
+    reused = start is not None and process_alive(pid) and not process_alive(pid, start)
+    if not reused and group_members(pid):
+        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
+            except PermissionError:
+                raise ServeError(f"the vLLM server an earlier run of this sweep left running (pid {pid}, port {port}) "
+                                 f"cannot be stopped from here (permission denied): stop it, delete {path}, then "
+                                 "rerun") from None
+            deadline = time.monotonic() + wait
+            while group_members(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not group_members(pid):
+                break
+        if left := group_members(pid):
+            raise ServeError(f"the vLLM server an earlier run of this sweep left running (pid {pid}, port {port}) "
+                             f"did not stop on SIGKILL (processes {left}); stop them, delete {path}, then rerun")
+        log(f"stopped the vLLM server (pid {pid}, port {port}) that an earlier run of this sweep left running")
+    path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
