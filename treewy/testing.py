@@ -60,3 +60,17 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     """Relative RMS error ||x - ref|| / ||ref||, computed in fp64 on ref's device (NaN anywhere gives NaN)."""
     x, ref = x.double().to(ref.device), ref.double()
     return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+#: fp32's unit roundoff: the least error a bound assumes of an fp32 computation.
+FP32_EPS = 2.0 ** -24
+
+#: How many times the fp32 reference's own error against fp64 a kernel's fp32 error may be. Over random batches
+#: the kernels reach about 1.8 (tests/test_properties.py); 3 leaves room and still fails a ten-fold regression.
+FP32_FACTOR = 3.0
+
+
+def fp32_bound(ref32: torch.Tensor, ref64: torch.Tensor, factor: float = FP32_FACTOR) -> float:
+    """An fp32 op's error bound from what fp32 achieves on the same inputs: ``factor`` times the error of the
+    reference run in fp32 against the reference in fp64 (at least the unit roundoff)."""
+    return factor * max(rel_err(ref32, ref64), FP32_EPS)

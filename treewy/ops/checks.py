@@ -219,6 +219,12 @@ KERNEL_FLOAT_DTYPES = (torch.bfloat16, torch.float32)
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 
 
+def contiguous(*xs):
+    """The inputs a public op only reads, contiguous (copied where they are not): the kernels index them densely.
+    Tensors an op writes in place (the states) are checked instead (``check_contiguous``)."""
+    return [x.contiguous() if isinstance(x, torch.Tensor) else x for x in xs]
+
+
 def check_kernel_device(*named: tuple[str, torch.Tensor]) -> None:
     """The kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter."""
     from treewy.ops._triton import INTERPRET

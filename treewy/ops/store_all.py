@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from treewy.ops._triton import is_capturing
-from treewy.ops.checks import check_accepted, check_gdn_kernel_inputs, check_scale, check_tensor
+from treewy.ops.checks import check_accepted, check_gdn_kernel_inputs, check_scale, check_tensor, contiguous
 from treewy.ops.tree_verify.common import MAX_KERNEL_NODES, _program, _recurrent_node
 
 
@@ -80,6 +80,7 @@ def store_all_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_q
 
     Returns o [B, T, HV, V] in v's dtype and states [B, T, HV, V, K] in initial_state's dtype.
     """
+    q, k, v, g, beta, initial_state = contiguous(q, k, v, g, beta, initial_state)
     dims, par, stride_pb, _ = check_gdn_kernel_inputs(q, k, v, g, beta, initial_state, parents,
                                                       max_nodes=MAX_KERNEL_NODES, values=not is_capturing())
     scale = check_scale(scale, dims.K)

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from treewy.ops._triton import is_capturing
-from treewy.ops.checks import check_commit_inputs
+from treewy.ops.checks import check_commit_inputs, contiguous
 from treewy.ops.tree_verify.common import MAX_KERNEL_NODES, _program
 
 
@@ -82,6 +82,7 @@ def tree_commit(state, u, k, g, parents, accepted, use_qk_l2norm_in_kernel=False
     Pass ``use_qk_l2norm_in_kernel`` as given to ``tree_verify``. ``allow_none``: accepted = -1
     leaves that request's state unchanged (see ``flush_pending``).
     """
+    u, k, g = contiguous(u, k, g)
     par, stride_pb, acc = check_commit_inputs(state, u, k, g, parents, accepted, max_nodes=MAX_KERNEL_NODES,
                                               values=not is_capturing(), allow_none=allow_none)
     return tree_commit_fwd(state, u, k, g, par, stride_pb, acc, use_qk_l2norm_in_kernel)

@@ -22,7 +22,7 @@ import triton.language as tl
 from treewy.ops._triton import is_capturing
 from treewy.ops.checks import (
     check_accepted, check_contiguous, check_finite, check_kernel_device, check_kernel_dtype, check_kernel_nodes,
-    check_tensor, conv_dims, kernel_parents,
+    check_tensor, contiguous, conv_dims, kernel_parents,
 )
 from treewy.ops.tree_verify.common import MAX_KERNEL_NODES
 
@@ -147,6 +147,7 @@ def tree_conv1d(x, weight, conv_state, parents, bias=None, activation="silu"):
     ``naive_tree_conv1d``). x [B, T, C]; weight [C, W]; conv_state [B, C, W - 1] oldest first."""
     if activation not in ("silu", None):
         raise ValueError(f"activation = {activation!r}: expected 'silu' or None")
+    x, weight, bias = contiguous(x, weight, bias)
     par, stride_pb, _ = _check_conv_kernel(x, weight, conv_state, parents, bias)
     return tree_conv1d_fwd(x, weight, conv_state, par, stride_pb, bias, activation)
 
@@ -154,6 +155,7 @@ def tree_conv1d(x, weight, conv_state, parents, bias=None, activation="silu"):
 def tree_conv1d_commit(x, conv_state, parents, accepted):
     """Write the last W - 1 inputs of each request's root..accepted path into ``conv_state`` in place
     and return it (twin of ``naive_tree_conv1d_commit``, which returns a new tensor)."""
+    x = x.contiguous()
     par, stride_pb, values = _check_conv_kernel(x, None, conv_state, parents)
     B, T = x.shape[:2]
     if values:

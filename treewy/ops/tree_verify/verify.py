@@ -8,10 +8,13 @@ captures into a CUDA graph and replays what an eager call runs.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from treewy.ops._triton import is_capturing
-from treewy.ops.checks import check_gdn_kernel_inputs, check_pending, check_scale
+from treewy.ops.checks import check_gdn_kernel_inputs, check_pending, check_scale, contiguous
+from treewy.ops.pending import PendingCommit
 from treewy.ops.tree_verify.chain import chain_fwd, tree_verify_chain_kernel
 from treewy.ops.tree_verify.common import MAX_KERNEL_NODES
 from treewy.ops.tree_verify.dense import dense_fwd, tree_verify_dense_kernel
@@ -118,6 +121,9 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     """
     capturing = is_capturing()
     values = not capturing
+    q, k, v, g, beta = contiguous(q, k, v, g, beta)
+    if isinstance(pending, PendingCommit):
+        pending = replace(pending, **dict(zip("ukg", contiguous(pending.u, pending.k, pending.g))))
     dims, par, stride_pb, nn = check_gdn_kernel_inputs(q, k, v, g, beta, initial_state, parents, num_nodes,
                                                        max_nodes=MAX_KERNEL_NODES, values=values)
     if pending is not None:
