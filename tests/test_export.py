@@ -94,3 +94,76 @@ def test_dummy_config_is_the_memory_models_architecture(tmp_path):
     from transformers import AutoConfig
 
     assert AutoConfig.from_pretrained(str(out)).text_config.num_experts == 256
+
+
+def _tree_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_export_force_refuses_out_equal_to_src_or_around_or_inside_it(tmp_path, exported):
+    models = tmp_path / "models"
+    ck = models / "ckpt"
+    ck.mkdir(parents=True)
+    for f in exported.iterdir():
+        (ck / f.name).write_bytes(f.read_bytes())
+    before = _tree_bytes(models)
+    for out, what in ((ck, "is the source folder"), (models, "holds the source folder"),
+                      (ck / "vllm", "is inside the source folder")):
+        with pytest.raises(ValueError, match=what):
+            export_vllm(ck, out, overwrite=True)
+        assert _tree_bytes(models) == before, out
+    assert main(["export-vllm", "--force", str(ck), str(ck)]) == 2
+    assert _tree_bytes(models) == before
+
+
+@pytest.mark.parametrize("composite", [True, False], ids=["composite-source", "text-only-source"])
+def test_export_force_keeps_the_files_it_does_not_write(tmp_path, exported, composite):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "config.json").write_text("{}")
+    export_vllm(exported if composite else TINY, out, overwrite=True)
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "config.json").read_bytes() == (exported / "config.json").read_bytes()
+    assert (out / "model.safetensors").read_bytes() == (exported / "model.safetensors").read_bytes()
+
+
+def test_export_force_refuses_weights_it_would_leave_beside_its_own(tmp_path, exported):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model-00001-of-00002.safetensors").write_bytes(b"old")
+    with pytest.raises(ValueError, match=r"holds weights this export does not write \(model-00001-of-00002"):
+        export_vllm(exported, out, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == ["model-00001-of-00002.safetensors"]
+
+
+def test_export_into_a_file_is_refused_before_writing(tmp_path, capsys):
+    afile = tmp_path / "afile.txt"
+    afile.write_text("x")
+    assert main(["export-vllm", str(TINY), str(afile)]) == 2
+    assert capsys.readouterr().err.startswith(f"treewy export-vllm: error: OUT {afile} is a file")
+    with pytest.raises(ValueError, match="is a file, so no folder can be made under it"):
+        export_dummy("qwen3.5-35b-a3b", afile / "d")
+    assert afile.read_text() == "x"
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="config.json is not JSON"):
+        export_vllm(bad, tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--dummy", "qwen3.5-35b-a3b", "--max-model-len", "-5"], "--max-model-len -5: expected a positive number"),
+    (["--dummy", "bogus"], "--dummy 'bogus'"),
+    (["--max-model-len", "4096", str(TINY)], "--max-model-len applies to --dummy only"),
+], ids=["max-model-len-negative", "unknown-preset", "max-model-len-without-dummy"])
+def test_export_cli_refuses_bad_arguments_and_makes_no_folder(tmp_path, capsys, argv, needle):
+    out = tmp_path / "d"
+    assert main(["export-vllm", *argv, str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("treewy export-vllm: error: ") and needle in err and len(err.splitlines()) == 1
+    assert not out.exists()
+    with pytest.raises(ValueError, match="max_len = 0"):
+        export_dummy("qwen3.5-35b-a3b", out, max_len=0)
+    assert not out.exists()

@@ -96,8 +96,6 @@ def _rename_weights(src: Path, out: Path) -> int:
 
     old, new = WEIGHT_PREFIX
     files = sorted(src.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{src} holds no *.safetensors weights")
     renamed = {}
     for f in files:
         tensors = load_file(str(f))
@@ -112,22 +110,70 @@ def _rename_weights(src: Path, out: Path) -> int:
     return len(renamed)
 
 
+def _check_out(out: Path, overwrite: bool, src: Path | None = None) -> None:
+    """Refuse an output folder the export would damage, before anything is written: a file, the source itself,
+    a folder inside it or around it, or (without ``overwrite``) a folder holding files."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"OUT {out} is a file: the export writes a folder; pick a folder path")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"OUT {out}: {parent} is a file, so no folder can be made under it")
+            break
+    if src is not None:
+        s, o = src.resolve(), out.resolve()
+        where = ("is the source folder" if o == s else "is inside the source folder" if s in o.parents
+                 else "holds the source folder" if o in s.parents else None)
+        if where:
+            raise ValueError(f"OUT {out} {where} {src}: write the export to a folder outside it")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ValueError(f"{out} exists and is not empty: pick another folder or pass overwrite=True (--force)")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not JSON ({e}): pass a Hugging Face checkpoint folder") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a {type(data).__name__}, not a config object")
+    return data
+
+
+def _refuse_stale_weights(out: Path, written: set[str]) -> None:
+    """vLLM loads every *.safetensors in the folder: weights left there from something else would be served too."""
+    stale = sorted(p.name for p in out.glob("*.safetensors*") if p.name not in written) if out.is_dir() else []
+    if stale:
+        raise ValueError(f"{out} holds weights this export does not write ({', '.join(stale)}); vLLM would load them "
+                         "too: remove them or pick another folder")
+
+
 def export_vllm(src, out, *, overwrite: bool = False) -> Path:
-    """Write ``src`` (a folder with config.json and safetensors weights) in vLLM's layout to ``out``."""
+    """Write ``src`` (a folder with config.json and safetensors weights) in vLLM's layout to ``out``. With
+    ``overwrite``, files of the same names are replaced and every other file in ``out`` is kept."""
     src, out = Path(src), Path(out)
     cfg_path = src / "config.json"
     if not cfg_path.is_file():
         raise ValueError(f"{src} has no config.json: pass a Hugging Face checkpoint folder")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"{out} exists and is not empty: pick another folder or pass overwrite=True (--force)")
-    cfg = json.loads(cfg_path.read_text())
-    if "text_config" in cfg:
-        if out.exists():
-            shutil.rmtree(out)
-        shutil.copytree(src, out)
+    _check_out(out, overwrite, src)
+    cfg = _read_json(cfg_path)
+    if "text_config" in cfg:  # already the composite layout: copied file by file, nothing in out deleted
+        _refuse_stale_weights(out, {p.name for p in src.iterdir()})
+        out.mkdir(parents=True, exist_ok=True)
+        for item in src.iterdir():
+            if item.is_dir():
+                shutil.copytree(item, out / item.name, dirs_exist_ok=True)
+            else:
+                shutil.copy2(item, out / item.name)
         return out
+    composite = composite_config(cfg)
+    weights = sorted(src.glob("*.safetensors"))
+    if not weights:
+        raise ValueError(f"{src} holds no *.safetensors weights")
+    index = "model.safetensors.index.json"
+    _refuse_stale_weights(out, {f.name for f in weights} | ({index} if (src / index).is_file() else set()))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(composite_config(cfg), indent=1))
+    (out / "config.json").write_text(json.dumps(composite, indent=1))
     _rename_weights(src, out)
     gen = {"bos_token_id": cfg.get("bos_token_id", BOS), "eos_token_id": cfg.get("eos_token_id", EOS),
            "pad_token_id": cfg.get("pad_token_id", PAD)}
@@ -173,10 +219,12 @@ def dummy_text_config(name: str) -> dict:
 def export_dummy(name: str, out, *, max_len: int = 8192, overwrite: bool = False) -> Path:
     """A folder for ``vllm serve --load-format dummy``: preset ``name``'s composite config and the byte tokenizer."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"{out} exists and is not empty: pick another folder or pass overwrite=True (--force)")
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(f"max_len = {max_len!r}: expected a positive number of tokens (the tokenizer's "
+                         "model_max_length), e.g. 8192")
+    _check_out(out, overwrite)
+    text = dummy_text_config(name)  # an unknown preset fails here, before the folder is made
     out.mkdir(parents=True, exist_ok=True)
-    text = dummy_text_config(name)
     (out / "config.json").write_text(json.dumps(composite_config(text), indent=1))
     write_tokenizer(out, int(text["vocab_size"]), max_len)
     return out
