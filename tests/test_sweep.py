@@ -46,7 +46,7 @@ def test_sweep_frame_is_tidy_and_consistent(model):
 
 def test_sweep_cli_writes_parquet(model, tmp_path):
     save(model, tmp_path / "ck", dtype=torch.float32)
-    out = tmp_path / "s.parquet"
+    out = tmp_path / "new" / "s.parquet"  # a folder that does not exist yet is made before the sweep runs
     rc = cli_main(["sweep", "--model", str(tmp_path / "ck"), "--drafters", "ngram", "--shapes", "2,1",
                    "--chains", "", "--modes", "reconstruct", "--prompts", "2", "--prompt-len", "24",
                    "--max-new-tokens", "6", "--out", str(out)])

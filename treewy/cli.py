@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("treewy.check", "parity suite: closed form vs recurrence on random trees (and kernels)"),
@@ -28,7 +31,32 @@ def main(argv: list[str] | None = None) -> int:
             mod.add_arguments(p)
             p.set_defaults(run=mod.run)
     args = parser.parse_args(argv)
-    return int(args.run(args) or 0)
+    try:
+        return int(args.run(args) or 0)
+    except ValueError as e:  # bad input found by the command or the library under it: one line, not a traceback
+        print(f"treewy {args.command}: error: {' '.join(line.strip() for line in str(e).splitlines())}",
+              file=sys.stderr)
+        return 2
+
+
+def output_file(path, flag: str = "--out", suffix: str = ".parquet") -> Path:
+    """``path`` checked as a file the command can write, before the command computes anything: its suffix, not a
+    folder, its folder created and writable."""
+    out = Path(path)
+    if out.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is a folder: name a {suffix} file in it, "
+                         f"e.g. {out / ('results' + suffix)}")
+    if out.suffix != suffix:
+        raise ValueError(f"{flag} {str(path)!r}: expected a {suffix} file, e.g. {out.with_suffix(suffix)}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out.parent):
+            pass
+    except OSError as e:
+        raise ValueError(f"{flag} {str(path)!r}: cannot write in {out.parent} ({e.strerror or e})") from e
+    if out.exists() and not os.access(out, os.W_OK):
+        raise ValueError(f"{flag} {str(path)!r}: the file exists and is not writable")
+    return out
 
 
 if __name__ == "__main__":

@@ -159,18 +159,53 @@ def _parse_shapes(text: str) -> list[tuple[int, ...]]:
     if not text:
         return []
     try:
-        return [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part.strip()]
+        shapes = [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part.strip()]
+        for widths in shapes:
+            DraftTree.from_widths(widths)
     except ValueError as e:
-        raise ValueError(f"--shapes {text!r}: write branching factors as '1,1,1;2,2,1'") from e
+        raise ValueError(f"--shapes {text!r}: write positive branching factors as '1,1,1;2,2,1' ({e})") from e
+    return shapes
 
 
 def _parse_chains(text: str) -> list[int]:
     if not text:
         return []
-    if "-" in text:
-        lo, hi = text.split("-")
-        return list(range(int(lo), int(hi) + 1))
-    return [int(x) for x in text.split(",")]
+    try:
+        if "-" in text:
+            lo, hi = (int(x) for x in text.split("-"))  # one dash: a range; more is a ValueError too
+            if lo > hi:
+                raise ValueError(f"the range runs from {lo} down to {hi}")
+            chains = list(range(lo, hi + 1))
+        else:
+            chains = [int(x) for x in text.split(",")]
+        for k in chains:
+            if k < 1:
+                raise ValueError(f"chain length {k}")
+            DraftTree.from_widths((1,) * k)
+    except ValueError as e:
+        raise ValueError(f"--chains {text!r}: expected chain lengths from 1 up as a range lo-hi or a list, "
+                         f"e.g. 1-6 or 1,3 ({e})") from e
+    return chains
+
+
+def _parse_names(flag: str, text: str, allowed) -> list[str]:
+    names = [x for x in text.split(",") if x]
+    bad = [x for x in names if x not in allowed]
+    if bad:
+        raise ValueError(f"{flag} {text!r}: unknown {', '.join(map(repr, bad))}; expected a comma-separated list of "
+                         f"{', '.join(allowed)}")
+    return names
+
+
+def _check_device(text: str) -> None:
+    try:
+        dev = torch.device(text)
+    except RuntimeError as e:
+        raise ValueError(f"--device {text!r}: expected cpu or cuda (cuda:0, ...)") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {text!r}: no CUDA GPU is available here; use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {text!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
 
 
 def add_arguments(p) -> None:
@@ -191,18 +226,36 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from treewy.cli import output_file
     from treewy.models import load
     from treewy.models.corpus import heldout_prompts
-    model = load(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+
+    # every argument is checked before the model loads, so a typo costs nothing and a bad --out loses no results
+    drafters = _parse_names("--drafters", args.drafters, ("mtp", "ngram"))
+    modes = _parse_names("--modes", args.modes, MODES)
+    if not modes:
+        raise ValueError(f"--modes {args.modes!r}: expected one or more of {', '.join(MODES)}")
+    shapes, chains = _parse_shapes(args.shapes), _parse_chains(args.chains)
+    for flag, value in (("--prompts", args.prompts), ("--prompt-len", args.prompt_len),
+                        ("--max-new-tokens", args.max_new_tokens)):
+        if value < 1:
+            raise ValueError(f"{flag} {value}: expected a positive integer")
+    _check_device(args.device)
+    out = output_file(args.out) if args.out else None
     prompts = heldout_prompts(args.prompts, args.prompt_len, seed=args.seed)
-    df = sweep(model, prompts, drafters=[d for d in args.drafters.split(",") if d],
-               shapes=_parse_shapes(args.shapes), chains=_parse_chains(args.chains),
-               modes=[m for m in args.modes.split(",") if m], max_new_tokens=args.max_new_tokens,
-               model_name=str(args.model), backend=args.backend)
+    if len(prompts) < args.prompts:
+        raise ValueError(f"--prompt-len {args.prompt_len}: only {len(prompts)} of the {args.prompts} held-out prompts "
+                         "can be that long; lower --prompt-len or --prompts")
+    try:
+        model = load(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+    except ValueError as e:
+        raise ValueError(f"--model {args.model!r}: {e}") from e
+    df = sweep(model, prompts, drafters=drafters, shapes=shapes, chains=chains, modes=modes,
+               max_new_tokens=args.max_new_tokens, model_name=str(args.model), backend=args.backend)
     with __import__("polars").Config(tbl_rows=100, tbl_cols=12):
         print(df.select("drafter", "shape", "N", "mode", "state_blocks", "acceptance", "acceptance_lo",
                         "acceptance_hi", "gdn_state_bytes", "step_ms"))
-    if args.out:
-        df.write_parquet(args.out)
-        print(f"wrote {args.out}")
+    if out is not None:
+        df.write_parquet(out)
+        print(f"wrote {out}")
     return 0
