@@ -193,3 +193,46 @@ def test_eager_steps_cost_extra_only_past_the_graphs():
                                                                                         1024 * 512.0, 1, 0) + 0.08)
     steps = np.array([100, 128, 129, 200])
     np.testing.assert_allclose(eager(steps, steps * 600) - plain(steps, steps * 600), [0, 0, 0.08, 0.08])
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, 2**70, 1.5, True])
+def test_seed_out_of_range_names_seed(seed):
+    with pytest.raises(ValueError, match=r"seed = .*: expected an integer in 0\.\.2\*\*63 - 1"):
+        simulate(M35, "b200", mode="store_all", concurrency=[8], kernels=None, seed=seed)
+
+
+@pytest.mark.parametrize("mode", ["store_all", "reconstruct"])
+def test_missing_or_malformed_kernel_table_is_refused_in_every_mode(tmp_path, mode):
+    bad = tmp_path / "targets_bad.json"
+    bad.write_text('{"rows": ')
+    not_rows = tmp_path / "targets_list.json"
+    not_rows.write_text("[1, 2]")
+    kw = dict(model=M35, gpu="b200", mode=mode, workload="spec-bench", concurrency=[8])
+    with pytest.raises(ValueError, match=r"kernels = '/nonexistent\.json': no such file"):
+        simulate(kernels="/nonexistent.json", **kw)
+    for path in (bad, not_rows):
+        with pytest.raises(ValueError, match=rf"kernels = '{path}' is not a kernel table"):
+            simulate(kernels=path, **kw)
+
+
+def test_concurrency_has_a_documented_bound():
+    from treewy.sim.sweep import MAX_CONCURRENCY
+
+    with pytest.raises(ValueError, match=rf"concurrency = {10**6}: the simulator runs at most {MAX_CONCURRENCY}"):
+        simulate(M35, "b200", mode="store_all", concurrency=[8, 10**6], kernels=None)
+    with pytest.raises(ValueError, match=r"concurrency = \[\]: expected at least one load point"):
+        simulate(M35, "b200", mode="store_all", concurrency=[], kernels=None)
+
+
+def test_a_pool_that_admits_no_request_says_why_and_the_table_prints():
+    from treewy.sim import format_ratio_table
+
+    df = simulate(M35, "h200", gmu=0.56, mode=["store_all", "reconstruct"], tree=(2, 2, 2, 2, 2, 2),
+                  workload="generation-heavy", concurrency=[1, 8], kernels=None)
+    sa = df.filter(pl.col("mode") == "store_all")
+    assert (sa["completed"] == 0).all() and sa["error"].str.contains("requests can never fit").all()
+    assert sa["error"].str.contains("the pool holds").all()
+    assert df.filter(pl.col("mode") == "reconstruct")["error"].is_null().all()
+    text = format_ratio_table(df)
+    assert "store_all admits no request at concurrency 1, 8" in text
+    assert "none" in text and "inf" not in text

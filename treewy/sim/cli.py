@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.replace("(", "").replace(")", "").split(",") if x.strip())
+def _ints(example: str):
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            vals = tuple(int(x) for x in text.replace("(", "").replace(")", "").split(",") if x.strip())
+        except ValueError:
+            vals = ()
+        if not vals or min(vals) < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated positive integers, e.g. {example}")
+        return vals
+    return parse
 
 
 def add_arguments(parser) -> None:
@@ -18,21 +27,28 @@ def add_arguments(parser) -> None:
     parser.add_argument("--gpu", default="b200", help="b200, h200 or h100")
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--gmu", type=float, default=0.6, help="gpu-memory-utilization")
-    parser.add_argument("--tree", type=_ints, default=(1, 1, 1), help="branching factors, e.g. 1,1,1 or 2,2,2")
+    parser.add_argument("--tree", type=_ints("1,1,1"), default=(1, 1, 1), help="branching factors, e.g. 1,1,1 or 2,2,2")
     parser.add_argument("--workload", nargs="+", default=list(WORKLOADS), choices=list(CATALOGUE))
-    parser.add_argument("--concurrency", type=_ints, default=CONCURRENCIES, help="e.g. 1,8,32,64,128,256")
+    parser.add_argument("--concurrency", type=_ints("1,8,32"), default=CONCURRENCIES, help="e.g. 1,8,32,64,128,256 (at most 4096)")
     parser.add_argument("--state-dtype", default=None, help="GDN state dtype (default: the model's, fp32 for Qwen3.5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kernels", default="auto", help="kernel table for measured state-cost ratios: a targets_*.json "
                         "or kernels_*.json, 'auto' (the newest targets table) or 'none' (analytic)")
-    parser.add_argument("--out", default=None, help="write the tidy frame to this parquet file "
+    parser.add_argument("--out", default=None, help="write the tidy frame to this .parquet file "
                         "(and the printed table next to it as .txt)")
 
 
 def run(args) -> int:
-    from treewy.memory import paging
+    from treewy.cli import output_file
+    from treewy.memory import _bytes_of, paging
     from treewy.sim.sweep import format_ratio_table, simulate
 
+    # the flags simulate() would report under another name, and the output, are checked before any point runs
+    if args.state_dtype is not None:
+        _bytes_of(args.state_dtype, "--state-dtype")
+    out = output_file(args.out) if args.out else None
+    if out is not None and out.with_suffix(".txt").is_dir():
+        raise ValueError(f"--out {args.out!r}: {out.with_suffix('.txt')}, where the table goes, is a folder")
     kernels = None if str(args.kernels).lower() == "none" else args.kernels
     t0 = time.perf_counter()
     c0 = time.process_time()
@@ -53,10 +69,7 @@ def run(args) -> int:
                  f"{df.height} points in {wall:.1f} s wall, {cpu:.1f} s CPU")
     text = "\n".join(lines)
     print(text)
-    if args.out:
-        from pathlib import Path
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
+    if out is not None:
         df.write_parquet(out)
         out.with_suffix(".txt").write_text(text + "\n")
         print(f"wrote {out} and {out.with_suffix('.txt')}")

@@ -13,11 +13,17 @@ import polars as pl
 from treewy.paper import ACCEPTANCE, CONCURRENCIES, SERVING_RATIOS
 from treewy.memory import GPU, MODES, ModelSpec, ServerConfig, paging, tree_depth, tree_num_nodes
 from treewy.schema import serving_frame
-from treewy.results import newest_targets
+from treewy.results import fastest_rows, kernel_table, newest_targets
 from treewy.sim.cost import StepCost
 from treewy.sim.scheduler import run
 from treewy.sim.workloads import WORKLOADS, poisson_arrivals, sample_lengths
 from treewy.workloads import CATALOGUE
+
+#: The largest closed-loop concurrency simulated: every request in flight is stepped through every engine step,
+#: so the run time grows with concurrency x requests (4 x concurrency by default).
+MAX_CONCURRENCY = 4096
+MAX_SEED = 2**63 - 1
+
 
 def rates_for_mean(mean_length: float, depth: int) -> np.ndarray:
     """Per-depth conditional acceptance rates, all equal to p, with 1 + p + ... + p^depth = mean_length.
@@ -92,7 +98,39 @@ def _check_points(concurrency, rate):
         if not ok:
             what = "positive integers (requests in flight)" if name == "concurrency" else "positive request rates (req/s)"
             raise ValueError(f"{name} = {v!r}: expected {what}, e.g. {name}={[1, 8, 32] if name == 'concurrency' else [1.0, 4.0]}")
+        if name == "concurrency" and v > MAX_CONCURRENCY:
+            raise ValueError(f"concurrency = {v!r}: the simulator runs at most {MAX_CONCURRENCY} requests in flight "
+                             "(the default sends 4 x concurrency requests, each stepped through every engine step); "
+                             "e.g. concurrency=[1024, 4096]")
+    if not vals:
+        raise ValueError(f"{name} = {vals!r}: expected at least one load point, e.g. "
+                         f"{name}={[1, 8, 32] if name == 'concurrency' else [1.0, 4.0]}")
     return name, vals
+
+
+def _check_seed(seed):
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed = {seed!r}: expected an integer in 0..2**63 - 1")
+
+
+def _kernel_file(kernels) -> Path | None:
+    """The kernel table ``kernels`` names, read once here so that a missing or malformed file is refused in every
+    mode (store_all never prices from it) instead of ignored."""
+    if kernels is None:
+        return None
+    if isinstance(kernels, str) and kernels == "auto":
+        return newest_targets()
+    how = "pass a targets_*.json or kernels_*.json, 'auto' (the newest targets table) or None (analytic)"
+    if not isinstance(kernels, (str, Path)):
+        raise ValueError(f"kernels = {kernels!r}: {how}")
+    path = Path(kernels)
+    if not path.is_file():
+        raise ValueError(f"kernels = {str(kernels)!r}: no such file; {how}")
+    try:
+        fastest_rows(kernel_table(path)["rows"])
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # not JSON, or not rows of kernel timings
+        raise ValueError(f"kernels = {str(kernels)!r} is not a kernel table ({type(e).__name__}: {e}); {how}") from e
+    return path
 
 
 def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6, mode="store_all", tree=(1, 1, 1),
@@ -102,7 +140,7 @@ def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6,
              return_points: bool = False):
     """Simulate a vLLM-style server; one row per (workload, mode, load point), labelled simulated.
 
-    mode and workload may also be lists (a sweep). kernels: "auto" (the newest measured kernel targets table,
+    mode and workload may also be lists (a sweep); concurrency points go up to MAX_CONCURRENCY (4096). kernels: "auto" (the newest measured kernel targets table,
     ``treewy.results.newest_targets``), a path to a targets_*.json or kernels_*.json, or None (analytic only);
     the ``cost_source`` column says which table priced each row.
     lengths: explicit (prompt_lens, output_lens) instead of a workload's distribution.
@@ -112,6 +150,7 @@ def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6,
     modes = _as_list("mode", mode, MODES)
     workloads = _as_list("workload", workload, None if lengths is not None else list(CATALOGUE))
     kind, points = _check_points(concurrency, rate)
+    _check_seed(seed)
     if num_prompts is not None and (isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts <= 0):
         raise ValueError(f"num_prompts = {num_prompts!r}: expected a positive integer (requests per load point)")
     if lengths is not None:
@@ -121,7 +160,7 @@ def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6,
                 bad = arr[arr <= 0][:1].tolist() if arr.size else []
                 raise ValueError(f"lengths: every {nm} must be a positive integer number of tokens, got {bad or arr.dtype}; "
                                  "drop empty requests or pass token counts")
-    kernel_file = newest_targets() if kernels == "auto" else (Path(kernels) if kernels else None)
+    kernel_file = _kernel_file(kernels)
     rates, acc_source = acceptance_rates(tree, acceptance)
     accept_cum = np.cumprod(rates)
     tree_str = str(tuple(tree)) if isinstance(tree, (tuple, list)) else repr(tree)
@@ -157,10 +196,23 @@ def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6,
                           concurrency=int(point) if kind == "concurrency" else None, send_times=send_times, server=server)
                 rows.append(_row(res, model=model.name, gpu=gpu.name, tp=tp, gmu=gmu, workload=wl, mode=m,
                                  tree=tree_str, num_drafts=T - 1, kind=kind, point=point, date=today,
-                                 cost_source=costs[m].source, max_num_seqs=server.max_num_seqs))
+                                 cost_source=costs[m].source, max_num_seqs=server.max_num_seqs,
+                                 error=_fit_error(res, layouts[m])))
                 raw.append(res)
     df = serving_frame(rows)
     return (df, raw) if return_points else df
+
+
+def _fit_error(res, layout) -> str | None:
+    """Why requests failed: the scheduler fails only a request whose KV blocks and state pages exceed the pool."""
+    n = int(res.failed.sum())
+    if not n:
+        return None
+    tokens = (res.prompt + res.output)[res.failed]
+    need = layout.attn_groups * -(-tokens // layout.block_size) + layout.state_blocks_per_request
+    return (f"{n} of {len(res.failed)} requests can never fit: the smallest of them needs {int(need.min())} blocks "
+            f"({layout.state_blocks_per_request} of them GDN state) and the pool holds {res.num_blocks}; raise gmu, "
+            "shrink the tree or shorten the requests")
 
 
 def _row(res, *, kind, point, **labels) -> dict:
@@ -229,9 +281,14 @@ def ratio_table(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def format_ratio_table(df: pl.DataFrame, title: str = "") -> str:
-    """The serving table of DESIGN §4, simulated ratios with the paper's beside them in brackets."""
+    """The serving table of DESIGN §4, simulated ratios with the paper's beside them in brackets. A concurrency at
+    which a mode completes no request in some workload has no ratios: its cells say so, and a line below says why."""
     table = ratio_table(df)
     concs = table["concurrency"].to_list()
+    empty = (df.filter(pl.col("concurrency").is_not_null()).group_by("mode", "concurrency")
+             .agg((pl.col("completed") == 0).any().alias("none")).filter(pl.col("none")))
+    none_at = {m: sorted(empty.filter(pl.col("mode") == m)["concurrency"].to_list()) for m in MODES}
+    blank = {c for cs in none_at.values() for c in cs}
     paper_conc = list(CONCURRENCIES)
     width = 14
     head = f"| {'concurrency':<26}|" + "".join(f"{c:>{width}} |" for c in concs)
@@ -241,8 +298,13 @@ def format_ratio_table(df: pl.DataFrame, title: str = "") -> str:
         cells = []
         for c, v in zip(concs, table[m].to_list()):
             paper = f"[{SERVING_RATIOS[m][paper_conc.index(c)]:.2f}]" if c in paper_conc else ""
-            cells.append(f"{v:6.2f} {paper:>7}".rjust(width) + " |")
+            value = "  none" if c in blank or v is None else f"{v:6.2f}"
+            cells.append(f"{value} {paper:>7}".rjust(width) + " |")
         lines.append(f"| {m:<26}|" + "".join(cells))
+    for m, cs in none_at.items():
+        if cs:
+            lines.append(f"{m} admits no request at concurrency {', '.join(map(str, cs))} in some workload: no ratio "
+                         "there (the rows' error column says what does not fit)")
     return "\n".join(lines)
 
 
