@@ -207,10 +207,12 @@ def test_missing_or_malformed_kernel_table_is_refused_in_every_mode(tmp_path, mo
     bad.write_text('{"rows": ')
     not_rows = tmp_path / "targets_list.json"
     not_rows.write_text("[1, 2]")
+    no_rows = tmp_path / "targets_empty.json"
+    no_rows.write_text("{}")
     kw = dict(model=M35, gpu="b200", mode=mode, workload="spec-bench", concurrency=[8])
     with pytest.raises(ValueError, match=r"kernels = '/nonexistent\.json': no such file"):
         simulate(kernels="/nonexistent.json", **kw)
-    for path in (bad, not_rows):
+    for path in (bad, not_rows, no_rows):
         with pytest.raises(ValueError, match=rf"kernels = '{path}' is not a kernel table"):
             simulate(kernels=path, **kw)
 

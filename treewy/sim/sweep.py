@@ -127,9 +127,11 @@ def _kernel_file(kernels) -> Path | None:
     if not path.is_file():
         raise ValueError(f"kernels = {str(kernels)!r}: no such file; {how}")
     try:
-        fastest_rows(kernel_table(path)["rows"])
+        rows = fastest_rows(kernel_table(path)["rows"])
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # not JSON, or not rows of kernel timings
         raise ValueError(f"kernels = {str(kernels)!r} is not a kernel table ({type(e).__name__}: {e}); {how}") from e
+    if not rows:
+        raise ValueError(f"kernels = {str(kernels)!r} is not a kernel table (no timed rows); {how}")
     return path
 
 
