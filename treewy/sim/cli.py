@@ -27,9 +27,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--gpu", default="b200", help="b200, h200 or h100")
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--gmu", type=float, default=0.6, help="gpu-memory-utilization")
-    parser.add_argument("--tree", type=_ints("1,1,1"), default=(1, 1, 1), help="branching factors, e.g. 1,1,1 or 2,2,2")
+    parser.add_argument("--tree", type=_ints("1,1,1"), default=(1, 1, 1),
+                        help="branching factors, e.g. 1,1,1 or 2,2,2")
     parser.add_argument("--workload", nargs="+", default=list(WORKLOADS), choices=list(CATALOGUE))
-    parser.add_argument("--concurrency", type=_ints("1,8,32"), default=CONCURRENCIES, help="e.g. 1,8,32,64,128,256 (at most 4096)")
+    parser.add_argument("--concurrency", type=_ints("1,8,32"), default=CONCURRENCIES,
+                        help="e.g. 1,8,32,64,128,256 (at most 4096)")
     parser.add_argument("--state-dtype", default=None, help="GDN state dtype (default: the model's, fp32 for Qwen3.5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kernels", default="auto", help="kernel table for measured state-cost ratios: a targets_*.json "
