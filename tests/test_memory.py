@@ -110,6 +110,9 @@ def test_unknown_presets_list_the_known_ones():
 def test_gmu_without_room_for_weights_says_so_with_numbers():
     with pytest.raises(ValueError, match=r"gmu = 0\.3.*53\.4 GiB.*weights take 66\.1 GiB.*raise gmu above 0\.\d\d"):
         paging(M35, "b200", gmu=0.3)
+    with pytest.raises(ValueError, match=r"does not fit this GPU at this tp: raise tp") as e:   # no gmu above 1
+        paging("qwen3.5-397b-a17b", "h200", tp=1, gmu=0.9)
+    assert "raise gmu" not in str(e.value)
 
 
 @pytest.mark.parametrize("bad", [0, -5])

@@ -20,9 +20,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("treewy")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="treewy", description="TreeWY lab: tree speculative decoding for GDN hybrids")
+    parser.add_argument("--version", action="version", version=f"treewy {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

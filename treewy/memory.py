@@ -528,7 +528,8 @@ def paging(model: ModelSpec | str, gpu: GPU | str, *, tp: int = 1, gmu: float = 
         raise ValueError(
             f"gmu = {gmu}: {gmu} x {gpu.memory_gib:.0f} GiB ({gpu.name}) = {budget / GIB:.1f} GiB leaves no room for the "
             f"KV pool: weights take {weights / GIB:.1f} GiB per GPU at tp = {tp} and the activation reserve "
-            f"{reserve / GIB:.1f} GiB; raise gmu above {need:.2f} or raise tp")
+            f"{reserve / GIB:.1f} GiB; " + (f"raise gmu above {need:.2f} or raise tp" if need < 1 else
+                                               "the model does not fit this GPU at this tp: raise tp"))
     num_blocks = int(pool // (page * group_size))
     return PagingLayout(
         model=model, gpu=gpu, tp=tp, gmu=float(gmu), mode=mode, num_nodes=T, state_dtype=state_dtype,
