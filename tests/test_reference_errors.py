@@ -158,3 +158,18 @@ def test_commit_messages_name_the_state_and_the_pending_prefix():
     pend = PendingCommit(u, f[1], f[3], TREE.parents, torch.tensor([5, 0]))
     with pytest.raises(ValueError, match=r"pending.accepted holds \[5, 0\]"):
         tree_verify(*f, x.parents, pending=pend)
+
+
+def test_a_pending_commit_of_another_batch_size_is_refused():
+    from treewy.ops import PendingCommit, naive_tree_step
+    x = inputs()
+    _, u = naive_tree_verify(*x.args())
+    pend = PendingCommit(u[:1], x.k[:1], x.g[:1], TREE.parents, torch.tensor([1]))
+    with pytest.raises(ValueError, match=r"pending.accepted has shape \(1,\), expected \[B\] = \[2\]"):
+        naive_tree_step(*x.args(), pending=pend)
+    pytest.importorskip("triton")
+    from treewy.ops import tree_verify
+    f = [t.float() for t in (x.q, x.k, x.v, x.g, x.beta, x.initial_state)]
+    with pytest.raises(ValueError, match="pending.u holds a window of 1 requests but the state 2"):
+        tree_verify(*f, x.parents, pending=PendingCommit(u[:1].float(), f[1][:1], f[3][:1], TREE.parents,
+                                                          torch.tensor([1])))

@@ -186,6 +186,9 @@ def check_commit_inputs(state, u, k, g, parents, accepted, *, max_nodes: int, va
                          "[B, HV, V, K], [B, T, HV, V] and [B, T, H, K]")
     B, T, HV, V = u.shape
     H, K = k.shape[2], k.shape[3]
+    if state.shape[0] != B:
+        raise ValueError(f"{nu} holds a window of {B} requests but the state {state.shape[0]}: a commit belongs to "
+                         "the batch it was verified with (PendingCommit of the previous step of this batch)")
     if tuple(state.shape) != (B, HV, V, K) or tuple(k.shape[:2]) != (B, T) or HV % H != 0:
         raise ValueError(f"state {tuple(state.shape)}, {nu} {tuple(u.shape)} and {nk} {tuple(k.shape)} disagree: "
                          "expected state [B, HV, V, K], u [B, T, HV, V], k [B, T, H, K] with HV a multiple of H")
