@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import torch
+
 from treewy import check, cli
 
 
@@ -11,7 +13,7 @@ def test_check_passes_and_prints_the_table(capsys):
 
 
 def test_check_fails_when_a_row_misses_its_tolerance(monkeypatch, capsys):
-    monkeypatch.setattr(check, "FP32_FACTOR", 1e-3)  # a thousandth of the fp32 recurrence's error: out of reach
+    monkeypatch.setitem(check.TOLERANCE, torch.float32, 1e-12)  # fp32 cannot reach this
     assert cli.main(["check"]) == 1
     assert "FAIL" in capsys.readouterr().out
 

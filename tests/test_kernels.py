@@ -10,10 +10,10 @@ from treewy.ops import (
     naive_tree_commit, naive_tree_conv1d, naive_tree_conv1d_commit, naive_tree_recurrent, naive_tree_verify,
     store_all_commit, store_all_verify, tree_commit, tree_conv1d, tree_conv1d_commit, tree_verify,
 )
+from treewy.testing import assert_close_fp32 as close
 from treewy.tree import DraftTree
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-FP32_TOL = 1e-5
 
 
 def rel(x, ref):
@@ -47,6 +47,17 @@ def as64(ins):
     return [x.double() for x in ins]
 
 
+def refs(fn, ins, *rest):
+    """fn (a reference) on the kernel's inputs in fp64 and in fp32: the error bound comes from the fp32 run."""
+    return fn(*as64(ins), *rest), fn(*[x.float() for x in ins], *rest)
+
+
+def commit_refs(S, us, k, g, parents, accepted):
+    """naive_tree_commit in fp64 and in fp32, each from its own reference's u (us: the fp64 and the fp32 u)."""
+    return tuple(naive_tree_commit(S.to(dt), u, k.to(dt), g.to(dt), parents, accepted)
+                 for dt, u in zip((torch.float64, torch.float32), us))
+
+
 # (id, B, H, HV, K, V, parents) -- awkward sizes, GVA 1x/2x/4x, chains, stars, trees
 CASES = [
     ("chain3-gva2", 2, 2, 4, 32, 32, DraftTree.chain(3)),
@@ -64,16 +75,16 @@ def test_verify_and_commit_match_fp64(name, B, H, HV, K, V, tree):
     T = tree.num_nodes
     ins = make_inputs(B, T, H, HV, K, V, seed=T)
     o, u = tree_verify(*ins, tree)
-    ro, ru = naive_tree_verify(*as64(ins), tree)
+    (ro, ru), (ro32, ru32) = refs(naive_tree_verify, ins, tree)
     assert o.dtype == ins[2].dtype and u.dtype == torch.float32
-    assert rel(o, ro) < FP32_TOL and rel(u, ru) < FP32_TOL
+    close("o", o, ro, ro32)
+    close("u", u, ru, ru32)
     for a in range(T):  # commit of every node
         acc = torch.full((B,), a)
         state = ins[5].clone()
         out = tree_commit(state, u, ins[1], ins[3], tree, acc)
         assert out is state
-        assert rel(state, naive_tree_commit(ins[5].double(), ru, ins[1].double(), ins[3].double(), tree, acc)) \
-            < FP32_TOL
+        close(f"state committed at node {a}", state, *commit_refs(ins[5], (ru, ru32), ins[1], ins[3], tree, acc))
 
 
 def test_tree_is_paths_for_random_per_request_topologies():
@@ -82,13 +93,13 @@ def test_tree_is_paths_for_random_per_request_topologies():
     parents = torch.tensor([random_tree(T, gen) for _ in range(B)], dtype=torch.int32)
     ins = make_inputs(B, T, H, HV, K, V, seed=5)
     o, u = tree_verify(*ins, parents.to(DEVICE))
-    ro, ru = naive_tree_verify(*as64(ins), parents)
-    assert rel(o, ro) < FP32_TOL and rel(u, ru) < FP32_TOL
+    (ro, ru), (ro32, ru32) = refs(naive_tree_verify, ins, parents)
+    close("o", o, ro, ro32)
+    close("u", u, ru, ru32)
     acc = torch.tensor([16, 7, 0])
     state = ins[5].clone()
     tree_commit(state, u, ins[1], ins[3], parents, acc)
-    assert rel(state, naive_tree_commit(ins[5].double(), ru, ins[1].double(), ins[3].double(), parents, acc)) \
-        < FP32_TOL
+    close("state", state, *commit_refs(ins[5], (ru, ru32), ins[1], ins[3], parents, acc))
 
 
 def test_num_nodes_truncates_each_request():
@@ -103,8 +114,9 @@ def test_num_nodes_truncates_each_request():
             assert torch.all(o[b] == 0) and torch.all(u[b] == 0)
             continue
         sub = [x[b:b + 1, :nb] for x in ins[:5]] + [ins[5][b:b + 1]]
-        ro, ru = naive_tree_verify(*as64(sub), tree.parents[:nb])
-        assert rel(o[b:b + 1, :nb], ro) < FP32_TOL and rel(u[b:b + 1, :nb], ru) < FP32_TOL
+        (ro, ru), (ro32, ru32) = refs(naive_tree_verify, sub, tree.parents[:nb])
+        close(f"o of request {b}", o[b:b + 1, :nb], ro, ro32)
+        close(f"u of request {b}", u[b:b + 1, :nb], ru, ru32)
         assert torch.all(o[b, nb:] == 0) and torch.all(u[b, nb:] == 0)
 
 
@@ -114,15 +126,17 @@ def test_qk_l2norm_in_kernel_matches_normalized_reference():
     ins = make_inputs(B, T, H, HV, K, V, seed=11)
     ins[1] = ins[1] * 3.0  # unnormalized keys
     o, u = tree_verify(*ins, tree, use_qk_l2norm_in_kernel=True)
-    n64 = as64(ins)
-    for i in (0, 1):
-        n64[i] = n64[i] / torch.sqrt((n64[i] ** 2).sum(-1, keepdim=True) + 1e-6)
-    ro, ru = naive_tree_verify(*n64, tree)
-    assert rel(o, ro) < FP32_TOL and rel(u, ru) < FP32_TOL
+    n64, n32 = as64(ins), [x.float() for x in ins]
+    for n in (n64, n32):  # q and k as the kernels normalize them, in each reference's dtype
+        for i in (0, 1):
+            n[i] = n[i] / torch.sqrt((n[i] ** 2).sum(-1, keepdim=True) + 1e-6)
+    (ro, ru), (ro32, ru32) = naive_tree_verify(*n64, tree), naive_tree_verify(*n32, tree)
+    close("o", o, ro, ro32)
+    close("u", u, ru, ru32)
     state = ins[5].clone()
     tree_commit(state, u, ins[1], ins[3], tree, torch.tensor([4, 2]), use_qk_l2norm_in_kernel=True)
-    ref = naive_tree_commit(n64[5], ru, n64[1], n64[3], tree, torch.tensor([4, 2]))
-    assert rel(state, ref) < FP32_TOL
+    close("state", state, naive_tree_commit(n64[5], ru, n64[1], n64[3], tree, torch.tensor([4, 2])),
+          naive_tree_commit(n32[5], ru32, n32[1], n32[3], tree, torch.tensor([4, 2])))
 
 
 def test_bf16_state_is_read_and_committed():
@@ -130,8 +144,9 @@ def test_bf16_state_is_read_and_committed():
     tree = DraftTree.from_widths((3,))
     ins = make_inputs(B, T, H, HV, K, V, seed=13, state_dtype=torch.bfloat16)
     o, u = tree_verify(*ins, tree)
-    ro, ru = naive_tree_verify(*as64(ins), tree)  # the reference reads the same bf16 state exactly
-    assert rel(o, ro) < FP32_TOL and rel(u, ru) < FP32_TOL
+    (ro, ru), (ro32, ru32) = refs(naive_tree_verify, ins, tree)  # both read the same bf16 state exactly
+    close("o", o, ro, ro32)
+    close("u", u, ru, ru32)
     state = ins[5].clone()
     tree_commit(state, u, ins[1], ins[3], tree, torch.tensor([2, 0]))
     ref = naive_tree_commit(ins[5].double(), ru, ins[1].double(), ins[3].double(), tree, torch.tensor([2, 0]))
@@ -147,11 +162,10 @@ def test_commit_into_pool_slice_with_batch_stride():
     state = pool[1:5:3]  # two slots three apart: batch stride 3 * HV * V * K
     untouched = pool[[0, 2, 3, 5, 6]].clone()
     o, u = tree_verify(*ins[:5], state, tree)
-    ro, ru = naive_tree_verify(*as64(ins), tree)
-    assert rel(o, ro) < FP32_TOL
+    (ro, ru), (ro32, ru32) = refs(naive_tree_verify, ins, tree)
+    close("o", o, ro, ro32)
     tree_commit(state, u, ins[1], ins[3], tree, torch.tensor([3, 1]))
-    ref = naive_tree_commit(ins[5].double(), ru, ins[1].double(), ins[3].double(), tree, torch.tensor([3, 1]))
-    assert rel(pool[1:5:3], ref) < FP32_TOL
+    close("state", pool[1:5:3], *commit_refs(ins[5], (ru, ru32), ins[1], ins[3], tree, torch.tensor([3, 1])))
     assert torch.equal(pool[[0, 2, 3, 5, 6]], untouched)
 
 
@@ -167,13 +181,14 @@ def test_store_all_matches_recurrence_and_treewy(name, B, H, HV, K, V, tree):
     T = len(tree)
     ins = make_inputs(B, T, H, HV, K, V, seed=19)
     o, states = store_all_verify(*ins, tree)
-    ro, rstates = naive_tree_recurrent(*as64(ins), tree)
+    (ro, rstates), (ro32, rstates32) = refs(naive_tree_recurrent, ins, tree)
     assert states.shape == (B, T, HV, V, K) and states.dtype == ins[5].dtype
-    assert rel(o, ro) < FP32_TOL and rel(states, rstates) < FP32_TOL
+    close("o", o, ro, ro32)
+    close("states", states, rstates, rstates32)
     acc = torch.randint(0, T, (B,))
     state = ins[5].clone()
     store_all_commit(state, states, acc)
-    assert rel(state, rstates[torch.arange(B), acc]) < FP32_TOL
+    assert torch.equal(state, states[torch.arange(B), acc]), "the commit copies the accepted snapshot"
 
 
 CONV_CASES = [
@@ -192,8 +207,8 @@ def test_tree_conv1d_and_commit_match_reference(name, B, C, W, has_bias, act, tr
     cs = torch.randn(B, C, W - 1, generator=gen).to(DEVICE)
     bias = torch.randn(C, generator=gen).to(DEVICE) if has_bias else None
     y = tree_conv1d(x, w, cs, tree, bias, act)
-    ref = naive_tree_conv1d(x.double(), w.double(), cs.double(), tree, None if bias is None else bias.double(), act)
-    assert rel(y, ref) < FP32_TOL
+    close("y", y, *(naive_tree_conv1d(x.to(dt), w.to(dt), cs.to(dt), tree, None if bias is None else bias.to(dt), act)
+                    for dt in (torch.float64, torch.float32)))
     for a in range(T):
         acc = torch.full((B,), a)
         c2 = cs.clone()
@@ -207,7 +222,7 @@ def test_tree_conv1d_per_request_topologies():
     parents = torch.tensor([random_tree(T, gen) for _ in range(B)], dtype=torch.int32)
     x, w, cs = torch.randn(B, T, C), torch.randn(C, W), torch.randn(B, C, W - 1)
     y = tree_conv1d(x.to(DEVICE), w.to(DEVICE), cs.to(DEVICE), parents)
-    assert rel(y, naive_tree_conv1d(x.double(), w.double(), cs.double(), parents)) < FP32_TOL
+    close("y", y, naive_tree_conv1d(x.double(), w.double(), cs.double(), parents), naive_tree_conv1d(x, w, cs, parents))
     acc = torch.tensor([8, 0, 5])
     c2 = cs.clone().to(DEVICE)
     tree_conv1d_commit(x.to(DEVICE), c2, parents, acc)
@@ -339,17 +354,18 @@ def test_largest_tree_and_64bit_state_offsets():
     ins = make_inputs(B, T, H, HV, K, V, seed=6)
     torch.backends.cuda.matmul.allow_tf32 = False
     o, u = tree_verify(*ins, parents)
-    ro, ru = naive_tree_verify(*as64(ins), parents)
-    assert rel(o, ro) < FP32_TOL and rel(u, ru) < FP32_TOL
+    (ro, ru), (ro32, ru32) = refs(naive_tree_verify, ins, parents)
+    close("o", o, ro, ro32)
+    close("u", u, ru, ru32)
     # a state whose batch stride times the batch index passes 2**31 elements
     step = 2 ** 31 // (HV * V * K) + 1
     pool = torch.zeros(step + 1, HV, V, K, device="cuda", dtype=torch.bfloat16)  # 4.3 GB
     state = pool[0::step]
     assert state.shape[0] == 2 and state.stride(0) > 2 ** 31
     state.copy_(ins[5])
-    ro, ru = naive_tree_verify(*as64(ins[:5]), state.double(), parents)
+    (ro, ru), (ro32, ru32) = refs(naive_tree_verify, [*ins[:5], state], parents)
     o, u = tree_verify(*ins[:5], state, parents)
-    assert rel(u, ru) < FP32_TOL
+    close("u", u, ru, ru32)
     acc = torch.tensor([127, 64])
     ref = naive_tree_commit(state.double(), ru, ins[1].double(), ins[3].double(), parents, acc)
     tree_commit(state, u, ins[1], ins[3], parents, acc)

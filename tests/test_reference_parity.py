@@ -30,7 +30,10 @@ dims = st.sampled_from([(1, 1, 16, 16), (2, 4, 16, 8), (2, 8, 8, 16), (1, 2, 60,
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tree=trees(), dims=dims, dtype=st.sampled_from([torch.float64, torch.float32]), seed=st.integers(0, 2**16))
 def test_closed_form_is_the_recurrence(tree, dims, dtype, seed):
-    """Outputs and the state committed at every node match the fp64 recurrence (1e-12 fp64, 1e-5 fp32)."""
+    """Outputs and the state committed at every node match the fp64 recurrence (1e-12 fp64, 1e-5 fp32).
+
+    The fp32 bar is issue 2's, fixed: the closed form is not the recurrence run in fp32, and on deep chains its
+    error reaches about 20 times the fp32 recurrence's (treewy.check.TOLERANCE)."""
     H, HV, K, V = dims
     row = parity_row("hypothesis", tree, H, HV, K, V, dtype=dtype, seed=seed)
     assert row["o_err"] <= TOLERANCE[dtype], row

@@ -10,13 +10,14 @@ from treewy.ops import PendingCommit, naive_tree_step
 from treewy.ops.tree_verify import default_dot_precision, tree_verify, tree_verify_fwd
 from treewy.ops.tree_verify import verify as verify_mod
 from treewy.ops.tree_verify.path import CONFIGS, SINGLE_REQUEST, _config_key, _prune, config, depth_block
+from treewy.testing import assert_close_fp32 as close
 from treewy.testing import random_tree
 from treewy.tree import DraftTree, path_depth
 
-from test_tree_verify import DEVICE, case_step, rel, window  # noqa: E402
+from test_tree_verify import DEVICE, O_TF32_TOL, case_step, close_step, normalized, rel, window  # noqa: E402
 
 #: Outputs take one tf32 pass on a GPU (they feed only bf16 outputs); u and the state stay fp32-accurate.
-O_TOL = 3e-3 if default_dot_precision(DEVICE) == "tf32" else 1e-5
+O_TF32 = default_dot_precision(DEVICE) == "tf32"
 
 
 def test_depth_block_holds_the_deepest_path():
@@ -34,12 +35,12 @@ def test_path_kernel_matches_the_reference(widths, bound):
     gen = torch.Generator().manual_seed(len(widths) * 7 + sum(widths))
     B, H, HV, K, V = 2, 2, 4, 20, 12
     prev = torch.tensor([random_tree(6, gen).parents.tolist() for _ in range(B)], dtype=torch.int32)
-    S, pend, w1, (ro, ru, rS) = case_step(B, H, HV, K, V, prev, tree.parents, gen)
+    S, pend, w1, ref64, ref32 = case_step(B, H, HV, K, V, prev, tree.parents, gen)
     state = S.clone()
     o, u = tree_verify_fwd(*w1, state, tree.parents.to(DEVICE, torch.int32), 0, K ** -0.5, pending=pend,
                            kernel="path", max_depth=None if bound == "loose" else tree.max_depth,
                            config=config(16, 16, 4, 1, 16, False) if bound == "no-prefetch" else None)
-    assert rel(state, rS) < 1e-6 and rel(o, ro) < O_TOL and rel(u, ru) < 1e-5
+    close_step(o, u, state, ref64, ref32, o_tf32=O_TF32)
 
 
 @pytest.mark.parametrize("kernel", ["path", "path_split"])
@@ -57,10 +58,15 @@ def test_path_kernel_random_trees_per_request_with_num_nodes(kernel):
         n = int(nn[b])
         assert not o[b, n:].any() and not u[b, n:].any()
         if n:
-            qn, kn = (torch.nn.functional.normalize(x[b:b + 1, :n].double(), dim=-1) for x in (q, k))
-            ro, ru, _ = naive_tree_step(qn, kn, *[x[b:b + 1, :n].double() for x in (v, g, beta)],
-                                        S[b:b + 1].double(), par[b, :n])
-            assert rel(o[b:b + 1, :n], ro) < O_TOL and rel(u[b:b + 1, :n], ru) < 1e-5
+            (ro, ru, _), (ro32, ru32, _) = (
+                naive_tree_step(*(normalized(x[b:b + 1, :n].to(dt)) for x in (q, k)),
+                                *[x[b:b + 1, :n].to(dt) for x in (v, g, beta)], S[b:b + 1].to(dt), par[b, :n])
+                for dt in (torch.float64, torch.float32))
+            close("u", u[b:b + 1, :n], ru, ru32)
+            if O_TF32:
+                assert rel(o[b:b + 1, :n], ro) < O_TF32_TOL
+            else:
+                close("o", o[b:b + 1, :n], ro, ro32)
 
 
 @pytest.mark.parametrize("kernel", ["path", "path_split"])
@@ -134,9 +140,10 @@ def test_pending_path_rows_then_tree_in_a_state_pool(kernel):
     acc = torch.tensor([5, 12], device=DEVICE, dtype=torch.int32)
     q, k, v, g, beta = window(B, T, H, HV, K, V, gen)
     ref_state = pool[slots.long()].clone()
-    ro, ru, rS = naive_tree_step(*[x.double() for x in (q, k, v, g, beta)], ref_state.double(), tree.parents,
-                                 pending=PendingCommit(*(x[slots.long()].double() for x in stash), tree.parents,
-                                                       acc.cpu()))
+    ref64, ref32 = (naive_tree_step(*[x.to(dt) for x in (q, k, v, g, beta)], ref_state.to(dt), tree.parents,
+                                    pending=PendingCommit(*(x[slots.long()].to(dt) for x in stash), tree.parents,
+                                                          acc.cpu()))
+                    for dt in (torch.float64, torch.float32))
     o, u = tree_verify_fwd(q, k, v, g, beta, pool, par, 0, K ** -0.5, pending=PendingCommit(*stash, par, acc),
                            kernel=kernel, max_depth=tree.max_depth, state_indices=slots)
-    assert rel(o, ro) < O_TOL and rel(u, ru) < 1e-5 and rel(pool[slots.long()], rS) < 1e-6
+    close_step(o, u, pool[slots.long()], ref64, ref32, o_tf32=O_TF32)

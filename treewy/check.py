@@ -2,7 +2,9 @@
 
 For every shape and dtype it reports the relative RMS error, against the fp64 recurrence, of
 the outputs and of the state committed at every node (the worst node), beside the error of the
-recurrence itself run in that dtype. Exits non-zero if any row misses its tolerance.
+recurrence itself run in that dtype. With --kernels, each Triton kernel against its fp64 reference,
+beside that reference's own error in the row's dtype, within FP32_FACTOR times it in fp32
+(``treewy.ops.parity``). Exits non-zero if any row misses its tolerance or bound.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from treewy.ops import naive_tree_commit, naive_tree_recurrent, naive_tree_verif
 from treewy.testing import random_gdn_inputs, random_tree, rel_err
 from treewy.tree import DraftTree
 
-#: Relative RMS tolerance of the closed form per dtype (issue 2's claims).
+#: Relative RMS tolerance of the closed form per dtype (issue 2's claims). A fixed bar, not a multiple of the
+#: recurrence's own fp32 error: the closed form is a different algorithm whose fp32 error grows with depth
+#: (about 20 times the recurrence's on 48-64-deep chains).
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
 
 #: (name, tree, H, HV, K, V): chains, stars, the paper's shapes, random trees, GVA 2x and 4x, awkward dims.
@@ -81,10 +85,12 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows))
     ok = all(r["ok"] for r in rows)
     if args.kernels:
-        from treewy.ops.parity import kernel_parity_rows
+        from treewy.ops.parity import BF16_FACTOR, kernel_parity_rows
+        from treewy.testing import FP32_FACTOR
 
         krows = kernel_parity_rows(quick=True)
-        print("\nkernels vs fp64 reference")
+        print("\nkernels vs fp64 reference; ref_err: the reference's own error run in the row's dtype; bound: "
+              f"{FP32_FACTOR:g} x ref_err in fp32, {BF16_FACTOR:g} x in bf16")
         print(format_table(krows))
         ok = ok and all(r["ok"] for r in krows)
     print(f"\n{'PASS' if ok else 'FAIL'} in {time.perf_counter() - t0:.1f} s")

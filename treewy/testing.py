@@ -74,3 +74,13 @@ def fp32_bound(ref32: torch.Tensor, ref64: torch.Tensor, factor: float = FP32_FA
     """An fp32 op's error bound from what fp32 achieves on the same inputs: ``factor`` times the error of the
     reference run in fp32 against the reference in fp64 (at least the unit roundoff)."""
     return factor * max(rel_err(ref32, ref64), FP32_EPS)
+
+
+def assert_close_fp32(name: str, out: torch.Tensor, ref64: torch.Tensor, ref32: torch.Tensor,
+                      factor: float = FP32_FACTOR) -> float:
+    """Assert that an fp32 op's ``out`` lies within ``fp32_bound(ref32, ref64, factor)`` of ``ref64``, where
+    ref64 and ref32 are its reference run in fp64 and in fp32 on the inputs the op was given. Returns the error."""
+    err, bound = rel_err(out, ref64), fp32_bound(ref32, ref64, factor)
+    assert err <= bound, (f"{name}: error {err:.3g} against fp64 above the bound {bound:.3g} "
+                          f"({factor:g} x the fp32 reference's {rel_err(ref32, ref64):.3g})")
+    return err
