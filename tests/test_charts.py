@@ -1,4 +1,4 @@
-"""Every chart fits the output area (lab.charts.MAX_WIDTH), rendered to SVG by vl-convert as a browser would,
+"""Every chart fits the output area (treewy_lab.charts.MAX_WIDTH), rendered to SVG by vl-convert as a browser would,
 fed the widest frames the notebooks give it; legends say "TreeWY" and "store-all"."""
 
 import re
@@ -6,8 +6,8 @@ import re
 import polars as pl
 import pytest
 
-from lab import charts
-from lab.frames import (acceptance_frame, blocks_frame, kernel_results_frame, mask_frame, node_errors_frame,
+from treewy_lab import charts
+from treewy_lab.frames import (acceptance_frame, blocks_frame, kernel_results_frame, mask_frame, node_errors_frame,
                         paper_acceptance_frame, paper_ratios_frame, shape_costs_frame, tree_layout)
 from treewy.paper import ACCEPTANCE, CONCURRENCIES, SERVING_RATIOS, SHAPES
 from treewy.results import DATA_DIR
@@ -25,7 +25,7 @@ def width_of(chart) -> float:
 
 
 def _serving_panel_charts():
-    from lab.panels import ServingPanel
+    from treewy_lab.panels import ServingPanel
 
     p = ServingPanel(concurrency=(8, 128))
     return {name: c.chart for name, c in p.charts.items()}
@@ -75,8 +75,8 @@ def test_serving_chart_says_which_kernel_table_priced_the_step():
 
 
 def test_full_table_shows_every_row_and_whole_names():
-    from lab.frames import kernel_targets_frame
-    from lab.tables import full_table
+    from treewy_lab.frames import kernel_targets_frame
+    from treewy_lab.tables import full_table
 
     df = kernel_targets_frame()
     html = full_table(df).data

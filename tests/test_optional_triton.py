@@ -43,7 +43,7 @@ try:
     raise SystemExit("treewy.ops.tree_verify imported without triton")
 except ImportError as e:
     assert str(e) == MISSING_TRITON, e
-from lab.panels import ParityPanel, TimingPanel, TreePanel
+from treewy_lab.panels import ParityPanel, TimingPanel, TreePanel
 for panel in (ParityPanel(), TimingPanel()):
     assert panel.status.value == MISSING_TRITON and panel.run_button.disabled, panel.status.value
 assert "PASS" in TreePanel(widths=(2, 1)).status.value
@@ -68,8 +68,8 @@ def test_top_level_names():
 
 def test_lab_sets_up_without_vl_convert():
     """The GPU machine carries no vl-convert (a large wheel): the lab still starts; the banner says charts go online."""
-    out = run_python("import sys\nsys.modules['vl_convert'] = None\nimport lab\ninfo = lab.setup(banner=False)\n"
-                     "print(info['features']['offline charts'])\nfrom lab.panels import TreePanel\n"
+    out = run_python("import sys\nsys.modules['vl_convert'] = None\nimport treewy_lab\ninfo = treewy_lab.setup(banner=False)\n"
+                     "print(info['features']['offline charts'])\nfrom treewy_lab.panels import TreePanel\n"
                      "print(TreePanel(widths=(2,)).error)", hide_triton=False)
     lines = [line.replace("\x1b[2K", "") for line in out.splitlines()]
     assert "no: vl-convert-python is not installed, so charts load Vega from the internet" in lines and "None" in lines

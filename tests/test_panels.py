@@ -5,7 +5,7 @@ import re
 import polars as pl
 import pytest
 
-from lab.panels import PseudoValuePanel, TreePanel
+from treewy_lab.panels import PseudoValuePanel, TreePanel
 
 
 def chart_values(panel, name):
@@ -70,7 +70,7 @@ def test_set_rejects_unknown_controls():
 
 
 def test_serving_panel_follows_memory_and_labels_simulated():
-    from lab.panels import ServingPanel
+    from treewy_lab.panels import ServingPanel
 
     p = ServingPanel(concurrency=(8, 128, 256))
     assert p.error is None
@@ -91,7 +91,7 @@ def test_serving_panel_follows_memory_and_labels_simulated():
 
 
 def test_serving_panel_overlays_only_measured_rows_of_the_same_configuration(tmp_path):
-    from lab.panels import ServingPanel
+    from treewy_lab.panels import ServingPanel
     from treewy.schema import serving_frame
 
     same = dict(model="qwen3.5-35b-a3b", gpu="NVIDIA H200", tp=1, gmu=0.6, workload="balanced-chat",
@@ -114,7 +114,7 @@ def test_serving_panel_overlays_only_measured_rows_of_the_same_configuration(tmp
 
 
 def test_serving_panel_overlays_the_committed_h200_sweep_with_its_settings():
-    from lab.panels import ServingPanel
+    from treewy_lab.panels import ServingPanel
 
     p = ServingPanel(concurrency=(1, 32, 128), gpu="h200", gmu=0.6, workload="generation-short", max_num_seqs=256,
                      acceptance="none (dummy weights)", step_costs="fitted: H200, vLLM 0.26, decode graphs")
@@ -131,14 +131,14 @@ def test_serving_panel_overlays_the_committed_h200_sweep_with_its_settings():
 
 
 def test_serving_panel_reports_a_budget_that_cannot_hold_the_weights():
-    from lab.panels import ServingPanel
+    from treewy_lab.panels import ServingPanel
 
     p = ServingPanel(concurrency=(8,), model="qwen3.5-397b-a17b", gpu="h100")
     assert p.error is None and "weights" in p.status.value
 
 
 def test_parity_panel_reports_every_node_within_tolerance():
-    from lab.panels import ParityPanel
+    from treewy_lab.panels import ParityPanel
 
     p = ParityPanel(tree="chain 3", batch=1, gva=4)
     errors = p.frames["errors"]
@@ -154,7 +154,7 @@ def test_parity_panel_reports_every_node_within_tolerance():
 def test_timing_panel_says_it_needs_a_gpu():
     import torch
 
-    from lab.panels import TimingPanel
+    from treewy_lab.panels import TimingPanel
 
     p = TimingPanel()
     if not torch.cuda.is_available():
@@ -162,7 +162,7 @@ def test_timing_panel_says_it_needs_a_gpu():
 
 
 def test_sweep_panel_runs_live_and_overlays_its_sources():
-    from lab.panels import SweepPanel
+    from treewy_lab.panels import SweepPanel
 
     p = SweepPanel(largest=6, chains=(1, 1), prompts=1, tokens=8)
     live = p.frames["live"]
@@ -182,7 +182,7 @@ def test_kernel_targets_frame_reads_the_committed_targets(tmp_path):
     """The notebook's targets table: every target of the committed run, labelled measured with device and date."""
     import json
 
-    from lab.frames import kernel_targets_frame
+    from treewy_lab.frames import kernel_targets_frame
 
     df = kernel_targets_frame()
     assert df.height >= 12 and set(df["result"]) <= {"PASS", "FAIL", "report"}

@@ -8,7 +8,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_parity_panel_runs_the_kernels_on_cuda_at_model_shapes():
-    from lab.panels import ParityPanel
+    from treewy_lab.panels import ParityPanel
 
     p = ParityPanel(tree="(3, 3, 3)", batch=8, gva=2, dtype="bfloat16")
     assert p.error is None and p.ran_on == "cuda"
@@ -17,7 +17,7 @@ def test_parity_panel_runs_the_kernels_on_cuda_at_model_shapes():
 
 
 def test_timing_panel_times_this_gpu():
-    from lab.panels import TimingPanel
+    from treewy_lab.panels import TimingPanel
 
     p = TimingPanel()
     assert p.error is None and not p.run_button.disabled
@@ -28,7 +28,7 @@ def test_timing_panel_times_this_gpu():
 
 def test_sweep_panel_decodes_on_cuda(monkeypatch):
     monkeypatch.setenv("TREEWY_DEVICE", "cuda")
-    from lab.panels import SweepPanel
+    from treewy_lab.panels import SweepPanel
 
     p = SweepPanel(largest=3, chains=(1, 1), prompts=1, tokens=8)
     assert p.error is None

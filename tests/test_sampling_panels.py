@@ -10,7 +10,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_decode_panel_follows_the_temperature_slider():
-    from lab.panels.sweep import DecodePanel
+    from treewy_lab.panels.sweep import DecodePanel
     from treewy.decode import generate
     from treewy.models.tokenizer import encode
 
@@ -28,7 +28,7 @@ def test_decode_panel_follows_the_temperature_slider():
 
 
 def test_temperature_panel_runs_live_beside_the_committed_sweep():
-    from lab.panels.sweep import TemperaturePanel
+    from treewy_lab.panels.sweep import TemperaturePanel
 
     p = TemperaturePanel(temperatures=(0.0, 1.0), prompts=1, tokens=8)
     live = p.frames["live"]
@@ -44,7 +44,7 @@ def test_temperature_panel_runs_live_beside_the_committed_sweep():
 
 
 def test_acceptance_legend_keeps_labels_and_colours():
-    from lab.charts import acceptance_chart
+    from treewy_lab.charts import acceptance_chart
 
     def frame(sources):
         return pl.DataFrame({"drafter": "mtp", "kind": "tree", "shape": "(1,)", "N": 1, "acceptance": 2.0,

@@ -9,7 +9,7 @@ import ipywidgets as w
 import polars as pl
 from IPython.display import display
 
-from lab.setup import EMBED_OPTIONS
+from treewy_lab.setup import EMBED_OPTIONS
 
 
 class Panel:

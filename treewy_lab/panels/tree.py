@@ -7,9 +7,9 @@ from collections.abc import Iterable
 import ipywidgets as w
 import torch
 
-from lab.charts import blocks_chart, mask_chart, tree_chart
-from lab.frames import blocks_frame, mask_frame, tree_layout
-from lab.panels.base import Panel
+from treewy_lab.charts import blocks_chart, mask_chart, tree_chart
+from treewy_lab.frames import blocks_frame, mask_frame, tree_layout
+from treewy_lab.panels.base import Panel
 from treewy.check import parity_row
 from treewy.tree import DraftTree, as_int
 

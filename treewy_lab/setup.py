@@ -16,7 +16,7 @@ EMBED_OPTIONS = {"renderer": "svg", "actions": False}
 
 #: What ``setup()`` loads, in order, with what the progress line says meanwhile.
 _LOADS = (("torch", "torch"), ("treewy", "treewy"), ("polars", "polars"), ("altair", "altair (charts)"),
-          ("ipywidgets", "ipywidgets"), ("lab.panels", "the lab's panels"))
+          ("ipywidgets", "ipywidgets"), ("treewy_lab.panels", "the lab's panels"))
 
 
 def __getattr__(name: str):
@@ -28,7 +28,7 @@ def __getattr__(name: str):
         return search_dirs()
     if name == "USER_RESULTS":
         return checkout_dirs()[1] if checkout_dirs() else Path("results")
-    raise AttributeError(f"module 'lab.setup' has no attribute {name!r}")
+    raise AttributeError(f"module 'treewy_lab.setup' has no attribute {name!r}")
 
 
 def setup(banner: bool = True) -> dict:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import ipywidgets as w
 import polars as pl
 
-from lab.charts import acceptance_chart, blocks_vs_n_chart, temperature_chart
-from lab.frames import acceptance_frame, paper_acceptance_frame, temperature_frame
-from lab.panels.base import Panel
-from lab.setup import RESULTS_DIRS
+from treewy_lab.charts import acceptance_chart, blocks_vs_n_chart, temperature_chart
+from treewy_lab.frames import acceptance_frame, paper_acceptance_frame, temperature_frame
+from treewy_lab.panels.base import Panel
+from treewy_lab.setup import RESULTS_DIRS
 from treewy.accept import RULES
 from treewy.env import default_device, small
 from treewy.paper import ACCEPTANCE, SHAPES

@@ -67,7 +67,7 @@ def shape_costs_frame(shapes) -> pl.DataFrame:
 
 def serving_curves_frame(df: pl.DataFrame, source: str) -> pl.DataFrame:
     """Long (concurrency, mode, source, metric, value) from a serving table, one workload's points."""
-    from lab.charts import SERVING_METRICS
+    from treewy_lab.charts import SERVING_METRICS
 
     return (df.filter(pl.col("concurrency").is_not_null())
             .select("concurrency", "mode", *SERVING_METRICS)

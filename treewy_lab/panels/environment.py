@@ -7,7 +7,7 @@ import html
 
 import ipywidgets as w
 
-from lab.panels.base import Panel
+from treewy_lab.panels.base import Panel
 from treewy.env import describe
 
 

@@ -7,9 +7,9 @@ import math
 import ipywidgets as w
 import torch
 
-from lab.charts import vectors_chart
-from lab.frames import vectors_frame
-from lab.panels.base import Panel
+from treewy_lab.charts import vectors_chart
+from treewy_lab.frames import vectors_frame
+from treewy_lab.panels.base import Panel
 from treewy.ops.naive import gdn_step, gdn_step_textbook
 from treewy.tree import as_int
 

@@ -8,10 +8,10 @@ from dataclasses import replace
 import ipywidgets as w
 import polars as pl
 
-from lab.charts import MODE_NAMES, ratio_chart, serving_curves_chart
-from lab.frames import measured_matching, paper_ratios_frame, ratios_frame, serving_curves_frame
-from lab.panels.base import Panel
-from lab.setup import RESULTS_DIRS
+from treewy_lab.charts import MODE_NAMES, ratio_chart, serving_curves_chart
+from treewy_lab.frames import measured_matching, paper_ratios_frame, ratios_frame, serving_curves_frame
+from treewy_lab.panels.base import Panel
+from treewy_lab.setup import RESULTS_DIRS
 from treewy.memory import GPU, ModelSpec, ServerConfig
 from treewy.schema import load_measured
 from treewy.paper import SERVING_RATIOS, SHAPES

@@ -6,9 +6,9 @@ import ipywidgets as w
 import polars as pl
 import torch
 
-from lab.charts import kernel_timing_chart, node_errors_chart
-from lab.frames import node_errors_frame
-from lab.panels.base import Panel
+from treewy_lab.charts import kernel_timing_chart, node_errors_chart
+from treewy_lab.frames import node_errors_frame
+from treewy_lab.panels.base import Panel
 from treewy.env import MISSING_TRITON, has_triton
 from treewy.ops.parity import node_errors
 from treewy.paper import SHAPES
