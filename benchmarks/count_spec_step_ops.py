@@ -100,9 +100,8 @@ def launches(fn):
         return e.name.startswith(LAUNCH_TAG) or (e.name.startswith("aten::") and e.name not in NO_LAUNCH
                                                   and e.name not in SYNC)
 
-    def has_computing_child(e):
-        return any(computes(c) or has_computing_child(c) for c in e.cpu_children if not c.name.startswith(LAUNCH_TAG)) \
-            or any(c.name.startswith(LAUNCH_TAG) for c in e.cpu_children)
+    def has_computing_child(e):  # a launch is a leaf: what the interpreter runs inside it is not counted
+        return not e.name.startswith(LAUNCH_TAG) and any(computes(c) or has_computing_child(c) for c in e.cpu_children)
 
     def top(e):
         while e.cpu_parent is not None and e.cpu_parent is not root and e.cpu_parent.name != "root":
