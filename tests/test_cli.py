@@ -1,6 +1,8 @@
+import argparse
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from treewy import check, cli
@@ -34,3 +36,47 @@ def test_version_prints_the_installed_version():
     from importlib.metadata import version
     r = subprocess.run([sys.executable, "-m", "treewy.cli", "--version"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == f"treewy {version('treewy')}"
+
+
+TREE_FORMS = [("2,2,1", [(2, 2, 1)]), ("(2,2,1)", [(2, 2, 1)]), ("(2, 2, 1)", [(2, 2, 1)]),
+              ("1,1,1;2,2,1", [(1, 1, 1), (2, 2, 1)]), ("(1,1,1);(2,2,1)", [(1, 1, 1), (2, 2, 1)]),
+              ("(1, 1, 1), (2, 2, 1)", [(1, 1, 1), (2, 2, 1)])]
+
+
+@pytest.mark.parametrize("text, shapes", TREE_FORMS, ids=[t for t, _ in TREE_FORMS])
+def test_sweep_takes_trees_as_the_docs_write_them(text, shapes):
+    from treewy.sweep import _parse_shapes
+
+    assert _parse_shapes(text) == shapes
+
+
+def test_sweep_gets_past_its_argument_checks_with_a_parenthesized_tree(monkeypatch):
+    import treewy.models
+
+    class Loaded(Exception):
+        pass
+
+    def load(*a, **k):   # every argument is checked before the model loads: reaching it means --shapes passed
+        raise Loaded
+    monkeypatch.setattr(treewy.models, "load", load)
+    with pytest.raises(Loaded):
+        cli.main(["sweep", "--shapes", "(2,2,1)"])
+
+
+@pytest.mark.parametrize("text", ["(2,2,1", "2,2,1)", "(2,2,1)x", "()"])
+def test_sweep_refuses_a_malformed_tree_in_one_line(text, monkeypatch, capsys):
+    import treewy.models
+
+    monkeypatch.setattr(treewy.models, "load", lambda *a, **k: pytest.fail("loaded a model for a bad --shapes"))
+    assert cli.main(["sweep", "--shapes", text]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"treewy sweep: error: --shapes {text!r}: ") and "(2, 2, 1)" in err[0]
+
+
+@pytest.mark.parametrize("text", ["(2,2,1)", "(2, 2, 1)", "2,2,1"])
+def test_simulate_takes_a_tree_as_the_docs_write_it(text):
+    from treewy.sim.cli import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--tree", text]).tree == (2, 2, 1)

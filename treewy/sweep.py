@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import math
 import platform
+import re
 import time
 
 import torch
@@ -156,14 +157,23 @@ def _printed(items, desc):
 
 
 def _parse_shapes(text: str) -> list[tuple[int, ...]]:
-    if not text:
+    """Trees as the docs write them: '2,2,1', '(2, 2, 1)', '1,1,1;2,2,1' or '(1,1,1) (2,2,1)' (any of ',;' between
+    parenthesized trees)."""
+    if not text.strip():
         return []
+    hint = "write branching factors per level, e.g. '2,2,1', '(2, 2, 1)' or '(1,1,1);(2,2,1)'"
+    if "(" in text or ")" in text:
+        parts = re.findall(r"\(([^()]*)\)", text)
+        if re.sub(r"\([^()]*\)", "", text).strip(" ,;") or not parts:
+            raise ValueError(f"--shapes {text!r}: unbalanced parentheses or text outside them; {hint}")
+    else:
+        parts = [part for part in text.split(";") if part.strip()]
     try:
-        shapes = [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part.strip()]
+        shapes = [tuple(int(x) for x in part.split(",")) for part in parts]
         for widths in shapes:
             DraftTree.from_widths(widths)
     except ValueError as e:
-        raise ValueError(f"--shapes {text!r}: write positive branching factors as '1,1,1;2,2,1' ({e})") from e
+        raise ValueError(f"--shapes {text!r}: {hint} ({e})") from e
     return shapes
 
 
