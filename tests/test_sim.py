@@ -238,3 +238,59 @@ def test_a_pool_that_admits_no_request_says_why_and_the_table_prints():
     text = format_ratio_table(df)
     assert "store_all admits no request at concurrency 1, 8" in text
     assert "none" in text and "inf" not in text
+
+
+def _successor_ttft(async_scheduling: bool):
+    """Two requests in flight, one short (8 tokens) and one long (400); the short one's successor is sent when it
+    finishes. One token per step (acceptance 1.0), so every step is a plain verify and the timing is exact."""
+    import dataclasses
+
+    from treewy.sim.calibrated import H200_VLLM026_DECODE_GRAPHS
+    server = dataclasses.replace(H200_VLLM026_DECODE_GRAPHS, async_scheduling=async_scheduling)
+    df, (res,) = simulate(M35, "h200", gmu=0.6, mode="reconstruct", workload="custom", concurrency=[2], kernels=None,
+                          lengths=([64, 64, 64], [8, 400, 8]), num_prompts=3, acceptance=1.0, server=server,
+                          return_points=True)
+    long_tpot = (res.t_done[1] - res.t_first[1]) / (res.output[1] - 1)
+    return res.t_first[2] - res.t_send[2], long_tpot, res
+
+
+def test_async_scheduling_delays_a_closed_loop_successor_by_two_steps():
+    """vLLM 0.26 schedules step K + 1 before reading step K's outputs: the request sent when another finishes in
+    step K reaches the engine after step K + 2 was scheduled and prefills in step K + 3. The old scheduler (read every
+    output at once) prefilled it in step K + 1: its TTFT was one step, where vLLM's is three."""
+    sync, tpot, _ = _successor_ttft(False)
+    late, _, res = _successor_ttft(True)
+    assert 1.6 * tpot < late - sync < 2.4 * tpot, (sync, late, tpot)
+    assert (res.finish_count == 1).all() and (res.generated == res.output).all()
+
+
+def test_async_scheduling_runs_a_verify_that_may_have_finished_again():
+    """A request whose last step accepted drafts (it may or may not have finished: the scheduler cannot know yet)
+    is scheduled once more, a wasted verify that emits nothing; one finished by its sure token is not."""
+    import dataclasses
+
+    from treewy.sim.calibrated import H200_VLLM026_DECODE_GRAPHS
+    runs = {}
+    for flag in (False, True):
+        server = dataclasses.replace(H200_VLLM026_DECODE_GRAPHS, async_scheduling=flag)
+        _, (res,) = simulate(M35, "h200", gmu=0.6, mode="store_all", workload="custom", concurrency=[1], kernels=None,
+                             lengths=([64], [9]), num_prompts=1, acceptance=[1.0, 1.0, 1.0], server=server,
+                             return_points=True)
+        runs[flag] = res
+    # 9 tokens: 1 from the prefill, then verifies of 4 sure tokens each: 5, 9 -> the last step ends it for certain
+    # only when one token was left; here four were, so async scheduling runs one more (wasted) step
+    assert runs[True].steps == runs[False].steps + 1
+    assert runs[True].decode_tokens == runs[False].decode_tokens == 8
+    assert runs[True].decode_steps == runs[False].decode_steps == 2
+
+
+def test_acceptance_is_an_input_and_defaults_to_the_paper_35b_chain():
+    from treewy.sim.sweep import acceptance_rates, rates_for_mean
+    default, source = acceptance_rates((1, 1, 1))
+    assert np.allclose(default, rates_for_mean(3.23, 3)) and "paper" in source
+    alpha = default[0]
+    assert abs(1 + alpha + alpha**2 + alpha**3 - 3.23) < 1e-9   # a_i = alpha^i: the same per-draft rate at each depth
+    for acc, want in ((2.0, 2.0), ([0.9, 0.5, 0.2], 1 + 0.9 + 0.45 + 0.09)):
+        df = simulate(M35, "h200", mode="store_all", workload="generation-short", concurrency=[16], kernels=None,
+                      acceptance=acc)
+        assert abs(df["acceptance_length"].item() - want) < 0.06, (acc, df["acceptance_length"].item())

@@ -17,6 +17,17 @@ Every step:
    A verify emits 1 + a tokens, where a is the accepted depth: P(a >= i) = prod of the per-depth
    acceptance rates up to i. Output stops at the request's length.
 
+Asynchronous scheduling (``ServerConfig.async_scheduling``, on in vLLM 0.26): the engine schedules step K + 1
+as soon as step K is launched and reads step K's outputs only after that (``EngineCore.step_with_batch_queue``,
+a batch queue of 2: "fulfilling the batch queue has a higher priority than getting model outputs"). So step K's
+outputs reach the scheduler at step K + 2: a request that finished in step K still holds its blocks and its
+slot in step K + 1, and runs in it as a wasted verify unless the step's one sure token finished it (vLLM's
+scheduler skips only those, ``Scheduler.schedule``: "Avoid scheduling an extra step when we are sure that the
+previous step has reached request.max_tokens"); its blocks serve step K + 2. The client gets the last token at
+the end of step K and sends the next request of a closed loop; that request reaches the engine after step K + 2
+was scheduled and prefills in step K + 3: its TTFT is three steps, not one. A request arriving during step K
+(open loop) is first seen when step K + 2 is scheduled. An idle engine schedules at once.
+
 Between events (a finish, an arrival, a shortage of blocks) a batch of pure decode steps is
 advanced in one vectorized block (``_fast_decode``): the same draws, the same costs, the same
 block growth, just not one Python iteration per step.
@@ -79,6 +90,11 @@ def run(layout: PagingLayout, cost: StepCost, prompt: np.ndarray, output: np.nda
     failed = np.zeros(R, bool)
     finish_count = np.zeros(R, np.int64)
     too_big = ag * -(-(prompt + output) // bs) + mamba > total
+    lag = server.async_scheduling
+    pending: deque[tuple[int, list[int]]] = deque()   # (step, requests it finished): read by the scheduler at step + 2
+    transit: list[int] = []                          # sent after the last schedule: seen by the next one
+    sure_done = np.zeros(R, bool)                    # finished by a step's one sure token (not scheduled again)
+    last_start: float | None = None                  # start of the step before the one about to run
 
     running: list[int] = []
     waiting: deque[int] = deque()
@@ -88,29 +104,40 @@ def run(layout: PagingLayout, cost: StepCost, prompt: np.ndarray, output: np.nda
     next_req = 0
     closed = send_times is None
 
-    def send(r: int, t: float) -> None:
+    def send(r: int, t: float, late: bool = False) -> None:
         t_send[r] = t
         if too_big[r]:
             failed[r] = True
             t_done[r] = t
         else:
-            waiting.append(r)
+            (transit if late else waiting).append(r)
 
-    in_flight = lambda: len(running) + len(waiting)  # noqa: E731
+    in_flight = lambda: len(running) + len(waiting) + len(transit)  # noqa: E731
 
-    def refill(t: float) -> None:
+    def refill(t: float, late: bool = False) -> None:
         nonlocal next_req
         while closed and next_req < R and in_flight() < concurrency:
-            send(next_req, t)
+            send(next_req, t, late)
             next_req += 1
 
-    def finish(r: int) -> None:
+    def finish(r: int, t: float) -> None:
         nonlocal free
-        free += held[r] + mamba
+        if r in running:
+            free += held[r] + mamba
+            running.remove(r)
+        else:                              # preempted after its last step, before the scheduler read that step
+            waiting.remove(r)
         held[r] = 0
-        t_done[r] = now
+        t_done[r] = t
         finish_count[r] += 1
-        running.remove(r)
+
+    def read_outputs(upto: float) -> None:
+        """The scheduler reads the outputs of the steps up to index ``upto``: their finished requests free their
+        blocks and slots, and a closed loop sends their successors (seen by the next schedule)."""
+        while pending and pending[0][0] <= upto:
+            for r in pending.popleft()[1]:
+                finish(r, float(t_done[r]))
+                refill(float(t_done[r]), late=True)
 
     def preempt(r: int) -> None:
         nonlocal free, preemptions
@@ -133,36 +160,53 @@ def run(layout: PagingLayout, cost: StepCost, prompt: np.ndarray, output: np.nda
     refill(0.0)
     window = 8
     while True:
+        if lag:
+            waiting.extend(transit)
+            transit.clear()
+            read_outputs(steps - 2)
         if not closed:
-            while next_req < R and send_times[next_req] <= now:
+            seen = last_start if (lag and last_start is not None) else now
+            while next_req < R and send_times[next_req] <= seen:
                 send(next_req, float(send_times[next_req]))
                 next_req += 1
         if not running and not waiting:
+            if pending or transit:         # an idle engine reads every output and request at once
+                read_outputs(np.inf)
+                continue
+            last_start = None
             if closed or next_req >= R:
                 break
             now = float(send_times[next_req])
             continue
 
         # ---- fast path: only decodes, nothing to admit until something finishes
-        if running and not prefilling[running].any() and not head_admissible(max_tok - len(running) * T):
+        if (running and not pending and not transit and not prefilling[running].any()
+                and not head_admissible(max_tok - len(running) * T)):
             t_next = np.inf if (closed or waiting or next_req >= R) else float(send_times[next_req])
             k = _fast_decode(ids=np.array(running), gen=gen, comp=comp, held=held, output=output,
                              T=T, bs=bs, ag=ag, free=free, cum_p=cum_p, rng=rng, cost=cost,
                              now=now, t_next=t_next, window=window)
             if k is not None:
-                n_steps, new_now, used_delta, done_ids, emitted = k
+                n_steps, new_now, used_delta, done_ids, emitted, start, sure = k
                 window = max(8, 2 * n_steps)
                 free -= used_delta
                 now = new_now
+                last_start = start
                 steps += n_steps
                 decode_steps += n_steps * len(running)
                 decode_tokens += emitted
                 peak_blocks = max(peak_blocks, total - free)
-                for r in done_ids:
-                    finish(int(r))
+                t_done[done_ids] = now
+                if lag:
+                    sure_done[done_ids] = sure
+                    pending.append((steps - 1, done_ids.tolist()))
+                else:
+                    for r in done_ids:
+                        finish(int(r), now)
                 if free < 0:
                     violations += 1
-                refill(now)
+                if not lag:
+                    refill(now)
                 continue
 
         # ---- regular step
@@ -174,7 +218,7 @@ def run(layout: PagingLayout, cost: StepCost, prompt: np.ndarray, output: np.nda
         if running:
             ids = np.array(running)
             pfm = prefilling[ids]
-            want = np.where(pfm, pf_target[ids] - comp[ids], T)
+            want = np.where(pfm, pf_target[ids] - comp[ids], np.where(sure_done[ids], 0, T))
             take = np.clip(budget - (np.cumsum(want) - want), 0, want)
             take[~pfm & (take < T)] = 0
             need = np.where(take > 0, np.maximum(ag * -(-(comp[ids] + take) // bs) - held[ids], 0), 0)
@@ -189,7 +233,7 @@ def run(layout: PagingLayout, cost: StepCost, prompt: np.ndarray, output: np.nda
                 sched_pf = pfm[:k][sel].tolist()
             order = running[k:]
         for r in order:
-            if r in gone:                  # preempted earlier in this step
+            if r in gone or sure_done[r]:  # preempted earlier in this step; finished for sure, not scheduled
                 continue
             if prefilling[r]:
                 if budget <= 0:
@@ -232,6 +276,9 @@ def run(layout: PagingLayout, cost: StepCost, prompt: np.ndarray, output: np.nda
         peak_blocks = max(peak_blocks, total - free)
         peak_running = max(peak_running, len(running))
         if not sched_ids:
+            if pending or transit:         # nothing to run: the engine waits for the outputs in flight
+                read_outputs(np.inf)
+                continue
             if not running and waiting:
                 # nothing fits even in an empty pool: cannot happen, too_big requests fail at send
                 raise AssertionError("a waiting request cannot be admitted into an empty pool")
@@ -245,6 +292,7 @@ def run(layout: PagingLayout, cost: StepCost, prompt: np.ndarray, output: np.nda
         prefix = comp[pf]
         dt = cost.scalar(len(dec), int(comp[dec].sum()), int(pf_tok.sum()),
                          float((pf_tok * (prefix + pf_tok / 2)).sum()), len(pf), int(prefix.sum()))
+        last_start = now
         now += dt
         steps += 1
 
@@ -257,19 +305,30 @@ def run(layout: PagingLayout, cost: StepCost, prompt: np.ndarray, output: np.nda
                 gen[complete] += 1
                 first = complete[np.isnan(t_first[complete])]
                 t_first[first] = now
-                done.extend(complete[gen[complete] >= output[complete]].tolist())
+                ended = complete[gen[complete] >= output[complete]]
+                sure_done[ended] = True
+                done.extend(ended.tolist())
         if len(dec):
+            dec = dec[gen[dec] < output[dec]]          # a wasted verify (finished a step ago) emits nothing
             u = rng.random(len(dec))
             emit = 1 + (u[:, None] < cum_p[None, :]).sum(1)
-            emit = np.minimum(emit, output[dec] - gen[dec])
+            left = output[dec] - gen[dec]
+            emit = np.minimum(emit, left)
             gen[dec] += emit
             comp[dec] += emit
             decode_steps += len(dec)
             decode_tokens += int(emit.sum())
-            done.extend(dec[gen[dec] >= output[dec]].tolist())
-        for r in done:
-            finish(r)
-        refill(now)
+            ended = gen[dec] >= output[dec]
+            sure_done[dec[ended & (left <= 1)]] = True
+            done.extend(dec[ended].tolist())
+        t_done[done] = now
+        if lag:
+            if done:
+                pending.append((steps - 1, done))
+        else:
+            for r in done:
+                finish(r, now)
+            refill(now)
 
     ok = ~failed
     start = np.nanmin(t_send) if R else 0.0
@@ -283,8 +342,9 @@ def run(layout: PagingLayout, cost: StepCost, prompt: np.ndarray, output: np.nda
 
 def _fast_decode(*, ids, gen, comp, held, output, T, bs, ag, free, cum_p, rng, cost, now, t_next, window: int):
     """Advance pure-decode steps up to (and including) the first finish, stopping before a block
-    shortage or an arrival. Returns (steps, now, blocks allocated, finished ids, tokens emitted), or
-    None when not even one step can be taken this way (the regular path handles it)."""
+    shortage or an arrival. Returns (steps, now, blocks allocated, finished ids, tokens emitted, start of the
+    last step, whether each finished id was finished by that step's sure token), or None when not even one step
+    can be taken this way (the regular path handles it)."""
     remaining = output[ids] - gen[ids]
     M = int(min(remaining.min(), window))
     n = len(ids)
@@ -311,5 +371,7 @@ def _fast_decode(*, ids, gen, comp, held, output, T, bs, ag, free, cum_p, rng, c
     comp[ids] += step_emit
     used = int(alloc[K - 1])
     held[ids] = held_s[K - 1]
-    done = ids[gen[ids] >= output[ids]]
-    return K, float(ends[K - 1]), used, done, int(step_emit.sum())
+    ended = gen[ids] >= output[ids]
+    before_last = cum[K - 2] if K >= 2 else np.zeros(n, cum.dtype)
+    sure = (remaining - before_last)[ended] <= 1                     # the last step's sure token finished them
+    return K, float(ends[K - 1]), used, ids[ended], int(step_emit.sum()), float(starts[K - 1]), sure
