@@ -9,7 +9,9 @@ and max_num_seqs with acceptance fixed at the measured one (dummy weights accept
 ``measured TPOT - simulated TPOT = a + b x running requests`` by least squares over the points whose wave ran at
 once (decode steps only), then the extra cost of a step run without CUDA graphs (``eager_step_s``) over the
 other points, and simulates again with host_overhead_s += a, host_per_request_s = b and that eager cost. Prints and
-writes one table: measured, assumed, fitted.
+writes one table: measured, assumed, fitted; and the time to first token per point measured, then fitted with the
+old scheduler (it read every step's outputs at once: ``async_scheduling=False``), then fitted with vLLM 0.26's
+asynchronous scheduling (``treewy.sim.scheduler``), mean and p99.
 """
 
 from __future__ import annotations
@@ -61,6 +63,20 @@ def fit_eager_step(rows, gpu: str, server) -> float:
     return (lo + hi) / 2
 
 
+def bench_ttft(folder) -> dict:
+    """(workload, mode, concurrency) -> (median, std) TTFT in ms from `vllm bench serve` result files."""
+    import json
+    import re
+
+    out = {}
+    for path in sorted(Path(folder).rglob("*-c*.json")):
+        m = re.fullmatch(r"(.+)-(store_all|reconstruct)-c(\d+)\.json", path.name)
+        if m:
+            d = json.loads(path.read_text())
+            out[(m[1], m[2], int(m[3]))] = (d["median_ttft_ms"], d["std_ttft_ms"])
+    return out
+
+
 def admitted_at_once(row) -> bool:
     """Whether every request of a measured point's wave ran at once (nothing queued behind the pool)."""
     return row["peak_running"] == min(row["concurrency"], row["max_num_seqs"])
@@ -76,6 +92,8 @@ def main(argv=None) -> int:
     ap.add_argument("measured")
     ap.add_argument("--gpu", required=True, help="the simulator's GPU key for the measured device (h200, ...)")
     ap.add_argument("--out")
+    ap.add_argument("--bench-dir", help="a folder holding the sweep's `vllm bench serve` results "
+                    "(<workload>-<mode>-c<N>.json, searched recursively): adds their median and spread of TTFT")
     args = ap.parse_args(argv)
     meas = pl.read_parquet(args.measured).filter(pl.col("error").is_null(), pl.col("concurrency").is_not_null())
     rows = list(meas.iter_rows(named=True))
@@ -95,6 +113,7 @@ def main(argv=None) -> int:
     eager = fit_eager_step(queued, args.gpu, graphs) if queued else 0.0
     fitted = dataclasses.replace(graphs, eager_step_s=eager)
     second = simulate_like(rows, args.gpu, fitted)
+    before = simulate_like(rows, args.gpu, dataclasses.replace(fitted, async_scheduling=False))
     r0 = rows[0]
     lines = [f"Simulator vs measured: {r0['model']}, {r0['device']} ({r0['date']}, measured) vs '{args.gpu}' (SIMULATED), "
              f"gmu {r0['gmu']}, tp {r0['tp']}, max_num_seqs {assumed.max_num_seqs}, weights {r0['weights']}",
@@ -117,6 +136,22 @@ def main(argv=None) -> int:
                      f"{f('peak_running', 'd'):>14s} | "
                      f"{f('peak_kv_usage', '.2f'):>17s} | {f('mean_tpot_ms', '.1f'):>17s} | "
                      f"{f('output_throughput', '.0f'):>20s} | {f('p99_ttft_ms', '.0f'):>23s}")
+    lines += ["", "time to first token, ms: measured / SIMULATED with the old scheduler (every output read at once) / "
+              "SIMULATED with vLLM 0.26's asynchronous scheduling (outputs read two steps late); fitted fixed costs",
+              "", f"{'workload':18s} {'mode':11s} {'conc':>4s} | {'requests':>8s} | {'mean TTFT ms':>26s} | "
+              f"{'p99 TTFT ms':>26s} | {'p99 measured / after':>20s}"]
+    bench = bench_ttft(args.bench_dir) if args.bench_dir else {}
+    if bench:
+        lines[-1] += f" | {'measured median / std TTFT ms':>30s}"
+    for r, b, a in zip(rows, before, second):
+        f = lambda k: "/".join(format(x[k], ".0f") for x in (r, b, a))  # noqa: E731
+        line = (f"{r['workload']:18s} {r['mode']:11s} {r['concurrency']:4d} | "
+                f"{r['completed'] + (r['failed'] or 0):8d} | {f('mean_ttft_ms'):>26s} | {f('p99_ttft_ms'):>26s} | "
+                f"{r['p99_ttft_ms'] / a['p99_ttft_ms']:20.2f}")
+        if bench:
+            m = bench.get((r["workload"], r["mode"], r["concurrency"]))
+            line += f" | {m[0]:>14.0f} / {m[1]:<13.0f}" if m else f" | {'-':>30s}"
+        lines.append(line)
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -1,0 +1,101 @@
+"""The simulator's predictions for the 35B H200 serving sweep, written before the sweep runs (CPU, about a minute).
+
+    python benchmarks/sim_predictions.py --out benchmarks/results/predictions_35b_h200_tp1_2026-12-01
+
+writes OUT.parquet (the tidy serving table, SIMULATED rows), OUT.json (the grid, the requests per point, the
+simulator's git commit and the date) and OUT.txt (per point, then the ratio table per gmu beside the paper's B200
+figures). The grid and the server are ``treewy.sim.predict``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def sim_commit() -> str:
+    """HEAD, with '+dirty' when treewy/sim or treewy/memory.py differ from it."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "treewy/sim", "treewy/memory.py"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return head + ("+dirty" if dirty else "")
+
+
+def text_table(df, meta) -> str:
+    import polars as pl
+
+    from treewy.sim.paper_tables import PAPER_TABLES
+    from treewy.sim.sweep import ratio_table
+
+    lines = [f"SIMULATED predictions, {meta['model']} TP1 on one H200 (simulator gpu 'h200'), made {meta['date']} by "
+             f"the simulator at commit {meta['commit']}, before the GPU sweep",
+             f"acceptance: {meta['acceptance']}; server: {meta['server']}",
+             f"requests per point: max({meta['requests_per_concurrency']} x concurrency, {meta['min_requests']}); "
+             f"workloads: {', '.join(meta['workloads'])} ({meta['balanced_short']})", ""]
+    for gmu in meta["gmus"]:
+        sub = df.filter(pl.col("gmu") == gmu)
+        lines += [f"gmu {gmu}: store-all / TreeWY per point", "",
+                  f"{'workload':17s} {'conc':>4s} {'req':>5s} | {'output tok/s':>13s} | {'p99 TTFT ms':>15s} | "
+                  f"{'mean TTFT ms':>15s} | {'TPOT ms':>11s} | {'peak KV':>9s} | {'running':>7s} | {'preempt':>9s}"]
+        for wl in meta["workloads"]:
+            for c in meta["concurrency"]:
+                p = {r["mode"]: r for r in sub.filter((pl.col("workload") == wl) & (pl.col("concurrency") == c))
+                     .iter_rows(named=True)}
+                s, t = p["store_all"], p["reconstruct"]
+                f = lambda k, fmt: f"{format(s[k], fmt)}/{format(t[k], fmt)}"  # noqa: E731
+                lines.append(f"{wl:17s} {c:4d} {s['completed']:5d} | {f('output_throughput', '.0f'):>13s} | "
+                             f"{f('p99_ttft_ms', '.0f'):>15s} | {f('mean_ttft_ms', '.0f'):>15s} | "
+                             f"{f('mean_tpot_ms', '.1f'):>11s} | {f('peak_kv_usage', '.2f'):>9s} | "
+                             f"{f('peak_running', 'd'):>7s} | {f('preemptions', 'd'):>9s}")
+        table = ratio_table(sub)
+        paper = PAPER_TABLES[(meta["model"], 1, gmu)]
+        lines += ["", f"gmu {gmu}: SIMULATED TreeWY / store-all, geomean over the {len(meta['workloads'])} workloads "
+                  "[paper, B200, geomean over its 5 workloads]", "",
+                  f"| {'concurrency':24s}|" + "".join(f"{c:>14d} |" for c in table["concurrency"])]
+        for m in paper:
+            cells = "".join(f"{v:7.2f} [{paper[m][i]:.2f}] |" for i, v in enumerate(table[m].to_list()))
+            lines.append(f"| {m:24s}|" + cells)
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="path without suffix: OUT.parquet, OUT.json and OUT.txt are written")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    from treewy.sim import predict as P
+    from treewy.sim.sweep import acceptance_rates
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rates, source = acceptance_rates((1, 1, 1))
+    meta = {"model": "qwen3.5-35b-a3b", "gpu": "h200", "tp": 1, "date": dt.date.today().isoformat(),
+            "commit": sim_commit(), "gmus": list(P.GMUS), "workloads": list(P.WORKLOADS),
+            "concurrency": list(P.CONCURRENCIES), "min_requests": P.MIN_REQUESTS,
+            "requests_per_concurrency": P.REQUESTS_PER_CONCURRENCY,
+            "requests_per_point": {str(c): P.requests_per_point(c) for c in P.CONCURRENCIES},
+            "balanced_short": "balanced-short = random {} -> {} tokens, +- {:.0%}".format(*P.BALANCED_SHORT),
+            "acceptance": f"{source}: per-depth rates {[round(float(x), 4) for x in rates]}, "
+                          f"{1 + sum(float(x) for x in __import__('numpy').cumprod(rates)):.2f} tokens per step",
+            "server": repr(P.H200_VLLM026_DECODE_GRAPHS), "seed": args.seed}
+    df = P.predict(seed=args.seed)
+    df.write_parquet(out.with_suffix(".parquet"))
+    out.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    text = text_table(df, meta)
+    out.with_suffix(".txt").write_text(text + "\n")
+    print(text)
+    print(f"wrote {out}.parquet, .json, .txt ({df.height} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
