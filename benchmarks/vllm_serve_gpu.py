@@ -2,6 +2,7 @@
 
     PYTHONPATH=/tmp/site:. python benchmarks/vllm_serve_gpu.py tiny --out DIR        # points 3-5 on the tiny model
     PYTHONPATH=/tmp/site:. python benchmarks/vllm_serve_gpu.py sweep --mode store_all --out DIR   # 35B dummy
+    PYTHONPATH=/tmp/site:. python benchmarks/vllm_serve_gpu.py acceptance --mode reconstruct --out DIR
 
 ``tiny``: exports treewy/models/tiny to vLLM's layout, then for each mode (store_all = stock vLLM,
 reconstruct = the treewy plugin) starts ``vllm serve`` (MTP k = 3, temperature 0, CUDA graphs on) and
@@ -20,6 +21,13 @@ through ``treewy.serve.fp32_prefill`` (TREEWY_FP32_PREFILL=1).
 call, ``treewy bench-serve`` over the given concurrencies and workloads (closed loops of one wave:
 max(4, concurrency) requests per point), the tidy table and the server log.
 
+``acceptance``: the same 35B dummy server at the default acceptance (``--acceptance paper-35b``: vLLM's synthetic
+sampler accepting the paper's 3.23 tokens per step) and CUDA graphs up to max_num_seqs x (1 + k) = 1024 tokens, a
+short ``bench-serve`` sweep (``generation-short`` at concurrency 32 and 256, one wave each), then per point vLLM's
+measured acceptance (its counters) beside the requested one with the noise check, and from the server log
+(``--cudagraph-metrics``) the steps run per CUDA graph mode, the largest captured size, the capture's time and
+memory and the KV pool. Writes acceptance_<mode>.json beside the sweep's table; exit 1 when a point failed or strayed.
+
 ``fault``: the tiny model through the same sweep; the engine is killed once after the first point, then
 the sweep is resumed with retry_failed.
 
@@ -29,8 +37,9 @@ and writes the verdict.
 ``--compile decode`` starts vLLM without torch.compile and with full CUDA graphs for decode steps only
 (``{"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}``): the spec-decode steps still replay graphs, and the
 server starts in a fraction of the time. ``--compile default`` keeps vLLM's default (compiled,
-FULL_AND_PIECEWISE). ``--graph-max-tokens N`` (sweep) sets vLLM's max_cudagraph_capture_size: 0.26 captures steps
-of up to 512 tokens, and larger ones run without CUDA graphs. Give each concurrent process its own GPU (CUDA_VISIBLE_DEVICES) and --port: never two
+FULL_AND_PIECEWISE). The launcher captures steps of up to max_num_seqs x (1 + k) tokens (vLLM 0.26's default stops at
+512, and larger steps ran without CUDA graphs on 2026-11-30); ``--graph-max-tokens N`` (sweep) sets another size,
+e.g. 512 to repeat that run. Give each concurrent process its own GPU (CUDA_VISIBLE_DEVICES) and --port: never two
 vLLM servers on one GPU, because a server's memory profile counts what another process allocates meanwhile as
 its own (on 2026-11-30 a store-all server failed to start with "No available memory for the cache blocks"
 when the fault run started on its GPU 15 s later).
@@ -46,6 +55,7 @@ import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,17 +70,63 @@ ENV_026 = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 COMPILE = {"default": {}, "decode": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}}
 
 
-def compile_args(name: str, graph_max_tokens: int | None = None) -> list[str]:
-    """vLLM's ``--compilation-config`` for a COMPILE choice; ``graph_max_tokens`` sets its
-    max_cudagraph_capture_size (vLLM 0.26 captures steps of up to 512 tokens by default: past that a step runs
-    without CUDA graphs, as TreeWY's 147 requests x 4 tokens did at concurrency 256 on 2026-11-30)."""
+def compile_args(name: str) -> list[str]:
+    """vLLM's ``--compilation-config`` for a COMPILE choice (the capture sizes come from the launcher)."""
     cfg = dict(COMPILE[name])
-    if graph_max_tokens is not None:
-        cfg["max_cudagraph_capture_size"] = graph_max_tokens
     return ["--compilation-config", json.dumps(cfg)] if cfg else []
+
+
 KV_LINES = (re.compile(r"GPU KV cache size: ([\d,]+) tokens"),
             re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"),
             re.compile(r"Available KV cache memory: ([\d.]+) GiB"))
+CAPTURE_LINE = re.compile(r"Graph capturing finished in ([\d.]+) secs, took ([\d.]+) GiB")
+ENGINE_INIT_LINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
+#: vLLM's --cudagraph-metrics table (vllm/compilation/cuda_graph.py, CUDAGraphLogging): its settings, then rows of
+#: unpadded tokens | padded tokens | paddings | runtime mode | steps, per stats interval
+GRAPH_SIZES_LINE = re.compile(r"- Capture sizes: \[([\d, ]*)\]")
+GRAPH_ROW = re.compile(r"\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*([A-Z_]+)\s*\|\s*(\d+)\s*\|")
+
+
+def graph_report(text: str, past: int = 512) -> dict:
+    """What a server log says about CUDA graphs: vLLM's capture (seconds, GiB), its largest captured size, and from
+    --cudagraph-metrics the steps run per runtime mode (NONE: eager), the largest step of each, and the steps of
+    more than ``past`` tokens replayed as full graphs (vLLM 0.26's default capture stops at 512)."""
+    out: dict = {}
+    if m := CAPTURE_LINE.search(text):
+        out["capture_s"], out["capture_gib"] = float(m.group(1)), float(m.group(2))
+    if m := ENGINE_INIT_LINE.search(text):
+        out["engine_init_s"] = float(m.group(1))
+    sizes = [int(x) for m in GRAPH_SIZES_LINE.finditer(text) for x in m.group(1).split(",") if x.strip()]
+    out["largest_capture_size"] = max(sizes) if sizes else None
+    steps: dict[str, dict] = {}
+    for m in GRAPH_ROW.finditer(text):
+        tokens, mode, n = int(m.group(1)), m.group(4), int(m.group(5))
+        d = steps.setdefault(mode, {"steps": 0, "max_tokens": 0, f"steps_over_{past}": 0})
+        d["steps"] += n
+        d["max_tokens"] = max(d["max_tokens"], tokens)
+        d[f"steps_over_{past}"] += n if tokens > past else 0
+    out["steps_by_mode"] = steps
+    return out
+
+
+def acceptance_summary(row: dict) -> str:
+    """One line per point: the requested acceptance, vLLM's measured one, and the verdict."""
+    def rates(xs):
+        return "(" + ", ".join(f"{x:.3f}" for x in xs) + ")" if xs else "(none)"
+
+    head = f"{row['mode']} {row['workload']} c{row['concurrency']}:"
+    if row.get("error"):
+        return f"{head} FAILED: {row['error'][:300]}"
+    want = row.get("expected_tokens_per_step")
+    req = (f"requested {want:.3f} tokens/step {rates(row.get('acceptance_rates'))} ({row['acceptance_source']})"
+           if want is not None else f"requested {row['acceptance_source']}")
+    got = row.get("acceptance_length")
+    se = f" +- {row['acceptance_stderr']:.3f}" if row.get("acceptance_stderr") is not None else ""
+    meas = (f"vLLM measured {got:.3f}{se} {rates(row.get('measured_acceptance_rates'))}" if got is not None
+            else "vLLM reported no drafts")
+    verdict = f"WARNING {row['acceptance_warning']}" if row.get("acceptance_warning") else "within noise"
+    return (f"{head} {req}; {meas}: {verdict}; mean TPOT {row.get('mean_tpot_ms') or float('nan'):.1f} ms, peak "
+            f"running {row.get('peak_running')}, CUDA graphs up to {row.get('cudagraph_max_size')} tokens")
 
 
 def log(msg: str) -> None:
@@ -294,8 +350,6 @@ def run_sweep(cfg, out: Path, kill_at: int = 0) -> tuple[int, int]:
 def cmd_fault(args) -> int:
     """The tiny model through ``treewy bench-serve``'s sweep; the engine is killed once after the first point,
     then the same sweep is resumed with retry_failed."""
-    from dataclasses import replace
-
     from treewy.serve.export import export_vllm
     from treewy.serve.sweep import SweepConfig
 
@@ -327,9 +381,9 @@ def cmd_sweep(args) -> int:
     model_dir = str(export_dummy("qwen3.5-35b-a3b", f"/tmp/q35b-dummy-{args.mode}", max_len=args.max_model_len,
                                  overwrite=True))
     server = ServeOptions(model=model_dir, gmu=args.gmu, num_speculative_tokens=3, max_num_seqs=256, port=args.port,
-                          max_model_len=args.max_model_len,
-                          extra_args=VLLM_026_ARGS + ["--load-format", "dummy"]
-                          + compile_args(args.compile, args.graph_max_tokens))
+                          max_model_len=args.max_model_len, acceptance=args.acceptance,
+                          cudagraph_max_size=args.graph_max_tokens,
+                          extra_args=VLLM_026_ARGS + ["--load-format", "dummy"] + compile_args(args.compile))
     cfg = SweepConfig(server=server, model_name="qwen3.5-35b-a3b", workloads=args.workloads.split(","),
                       modes=[args.mode], concurrencies=[int(c) for c in args.concurrency.split(",")],
                       num_prompts=args.num_prompts, prompts_per_concurrency=1,
@@ -338,6 +392,39 @@ def cmd_sweep(args) -> int:
                       retry_failed=args.retry_failed)
     _, bad = run_sweep(cfg, out)
     return 0 if bad == 0 else 1
+
+
+def cmd_acceptance(args) -> int:
+    """The 35B architecture on dummy weights at the default acceptance, through bench-serve's driver (one mode)."""
+    from treewy.serve.export import export_dummy
+    from treewy.serve.sweep import SweepConfig, load_checkpoint
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = str(export_dummy("qwen3.5-35b-a3b", f"/tmp/q35b-dummy-{args.mode}", max_len=args.max_model_len,
+                                 overwrite=True))
+    server = ServeOptions(model=model_dir, gmu=args.gmu, num_speculative_tokens=3, max_num_seqs=256, port=args.port,
+                          max_model_len=args.max_model_len, acceptance=args.acceptance,
+                          extra_args=VLLM_026_ARGS + ["--load-format", "dummy", "--cudagraph-metrics"]
+                          + compile_args(args.compile))
+    cfg = SweepConfig(server=server, model_name="qwen3.5-35b-a3b", workloads=[args.workload], modes=[args.mode],
+                      concurrencies=[int(c) for c in args.concurrency.split(",")], num_prompts=args.num_prompts,
+                      prompts_per_concurrency=1, out=out / f"acceptance_{args.mode}.parquet",
+                      result_dir=out / f"acceptance_{args.mode}_results", device="H200", health_timeout=900,
+                      point_timeout=300)
+    t0 = time.time()
+    run_sweep(cfg, out)
+    rows = [r["row"] for r in load_checkpoint(cfg.checkpoint).values()]
+    server_log = cfg.result_dir / f"server-{args.mode}.log"
+    text = server_log.read_text(errors="replace") if server_log.is_file() else ""
+    argv, env = build_command(replace(server, mode=args.mode))
+    report = {"date": time.strftime("%Y-%m-%d"), "mode": args.mode, "argv": argv, "env": env,
+              "wall_s": round(time.time() - t0, 1), "graphs": graph_report(text), **kv_capacity(text), "rows": rows}
+    (out / f"acceptance_{args.mode}.json").write_text(json.dumps(report, indent=1))
+    for row in rows:
+        print(acceptance_summary(row))
+    print(json.dumps({k: report[k] for k in ("graphs", "wall_s")} | kv_capacity(text)))
+    return 1 if any(r.get("error") or r.get("acceptance_warning") for r in rows) or not rows else 0
 
 
 def main(argv=None) -> int:
@@ -373,7 +460,22 @@ def main(argv=None) -> int:
     s.add_argument("--port", type=int, default=8021)
     s.add_argument("--compile", default="decode", choices=tuple(COMPILE))
     s.add_argument("--graph-max-tokens", type=int, default=None,
-                   help="vLLM's max_cudagraph_capture_size (default: vLLM's, 512 tokens per step in 0.26)")
+                   help="the largest step captured as a CUDA graph (default: max_num_seqs x (1 + k) = 1024; vLLM "
+                        "0.26's own default is 512)")
+    s.add_argument("--acceptance", default=None,
+                   help="treewy's --acceptance (default paper-35b on these dummy weights; none: the drafts' own, "
+                        "which accept nothing here, as on 2026-11-30)")
+    a = sub.add_parser("acceptance")
+    a.add_argument("--out", required=True)
+    a.add_argument("--mode", required=True, choices=("store_all", "reconstruct"))
+    a.add_argument("--acceptance", default=None, help="treewy's --acceptance (default paper-35b)")
+    a.add_argument("--gmu", type=float, default=0.6)
+    a.add_argument("--workload", default="generation-short")
+    a.add_argument("--concurrency", default="32,256")
+    a.add_argument("--num-prompts", type=int, default=4, help="at least this many requests per point")
+    a.add_argument("--max-model-len", type=int, default=2048)
+    a.add_argument("--port", type=int, default=8041)
+    a.add_argument("--compile", default="decode", choices=tuple(COMPILE))
     s.add_argument("--retry-failed", action="store_true",
                    help="rerun the points the checkpoint in --out records as failed (finished ones are kept)")
     f = sub.add_parser("fault")
@@ -385,7 +487,8 @@ def main(argv=None) -> int:
     c.add_argument("--out", required=True, help="the merged report (json)")
     c.add_argument("reports", nargs="+")
     args = p.parse_args(argv)
-    return {"tiny": cmd_tiny, "sweep": cmd_sweep, "fault": cmd_fault, "compare": cmd_compare}[args.cmd](args)
+    return {"tiny": cmd_tiny, "sweep": cmd_sweep, "acceptance": cmd_acceptance, "fault": cmd_fault,
+            "compare": cmd_compare}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from treewy.paper import PAPER_35B_CHAIN_RATES
+from treewy.serve.launcher import build_command
 
 
 def _phase(outputs, accepted):
@@ -41,22 +43,87 @@ def test_capacity_lines_are_read_from_vllms_log(bench_script):
 def test_sweep_resumes_a_checkpoint_and_reruns_failed_points_when_asked(tmp_path, monkeypatch, bench_script):
     """``sweep --retry-failed`` resumes the checkpoint in --out and reruns its failed points (how the 35B
     concurrency 256 points were measured after their first run failed); without the flag they are kept.
-    ``--graph-max-tokens`` reaches vLLM's compilation config beside the chosen compile mode."""
+    The capture sizes come from the launcher (max_num_seqs x (1 + k) unless ``--graph-max-tokens`` says otherwise),
+    beside the chosen compile mode, and the acceptance is the paper's on these dummy weights unless asked."""
     import treewy.serve.export as export
 
     mod = bench_script("vllm_serve_gpu")
     seen = []
     monkeypatch.setattr(export, "export_dummy", lambda *a, **k: str(tmp_path / "model"))
     monkeypatch.setattr(mod, "run_sweep", lambda cfg, out: (seen.append(cfg), (0, 0))[1])
-    for flags in ([], ["--retry-failed", "--graph-max-tokens", "1024"]):
+    for flags in ([], ["--retry-failed", "--graph-max-tokens", "512", "--acceptance", "none"]):
         assert mod.main(["sweep", "--mode", "reconstruct", "--out", str(tmp_path), "--port", "8022", *flags]) == 0
     assert [c.retry_failed for c in seen] == [False, True]
     assert seen[1].checkpoint == seen[0].checkpoint and seen[1].checkpoint.parent == tmp_path
     assert seen[1].server.port == 8022 and seen[1].concurrencies == [1, 16, 32, 64, 128, 256]
     configs = [json.loads(c.server.extra_args[c.server.extra_args.index("--compilation-config") + 1]) for c in seen]
-    assert configs[0] == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
-    assert configs[1] == {**configs[0], "max_cudagraph_capture_size": 1024}
-    assert mod.compile_args("default") == [] and "--compilation-config" in mod.compile_args("default", 1024)
+    assert configs == [{"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}] * 2
+    commands = [build_command(c.server)[0] for c in seen]
+    assert [a[a.index("--max-cudagraph-capture-size") + 1] for a in commands] == ["1024", "512"]
+    specs = [json.loads(a[a.index("--speculative-config") + 1]) for a in commands]
+    assert specs[0]["rejection_sample_method"] == "synthetic" and "rejection_sample_method" not in specs[1]
+    assert mod.compile_args("default") == []
+
+
+def test_acceptance_check_serves_the_default_acceptance_and_reports_graphs(tmp_path, monkeypatch, bench_script,
+                                                                          capsys):
+    """``acceptance --mode M``: the 35B dummy server at the paper's acceptance, graphs up to 1024 tokens and vLLM's
+    --cudagraph-metrics, bench-serve's driver at concurrency 32 and 256, then one line per point (requested beside
+    measured) and the report; a point that strayed makes the exit code 1."""
+    import treewy.serve.export as export
+    from treewy.serve.sweep import Sweep
+    from treewy.serve.sweep import _base_row as sweep_row
+
+    mod = bench_script("vllm_serve_gpu")
+    monkeypatch.setattr(export, "export_dummy", lambda *a, **k: str(tmp_path / "model"))
+    seen = []
+
+    def fake_sweep(cfg, out):
+        seen.append(cfg)
+        sweep = Sweep(cfg)
+        for p in cfg.points():
+            row = {**sweep_row(cfg, p), "acceptance_length": 3.2, "measured_acceptance_rates": [0.86, 0.73, 0.61],
+                   "acceptance_stderr": 0.01, "mean_tpot_ms": 20.0, "peak_running": p.concurrency,
+                   "acceptance_warning": "strayed" if p.concurrency == 256 else None}
+            sweep._record(p, row)
+        cfg.result_dir.mkdir(parents=True, exist_ok=True)
+        (cfg.result_dir / f"server-{cfg.modes[0]}.log").write_text(GRAPH_LOG)
+        return len(cfg.points()), 0
+
+    monkeypatch.setattr(mod, "run_sweep", fake_sweep)
+    assert mod.main(["acceptance", "--mode", "reconstruct", "--out", str(tmp_path)]) == 1
+    cfg = seen[0]
+    assert cfg.concurrencies == [32, 256] and cfg.workloads == ["generation-short"] and cfg.modes == ["reconstruct"]
+    argv, env = build_command(cfg.server)
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["synthetic_acceptance_rates"] == list(PAPER_35B_CHAIN_RATES)
+    assert "--cudagraph-metrics" in argv and argv[argv.index("--max-cudagraph-capture-size") + 1] == "1024"
+    report = json.loads((tmp_path / "acceptance_reconstruct.json").read_text())
+    assert report["graphs"]["largest_capture_size"] == 1024 and report["graphs"]["capture_gib"] == 1.52
+    assert report["graphs"]["steps_by_mode"]["FULL"] == {"steps": 19, "max_tokens": 588, "steps_over_512": 12}
+    assert report["graphs"]["steps_by_mode"]["NONE"]["steps"] == 2 and len(report["rows"]) == 2
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("reconstruct generation-short")]
+    assert lines[0].startswith("reconstruct generation-short c32: requested 3.230 tokens/step (0.859, 0.738, 0.634) "
+                               "(paper-35b); vLLM measured 3.200 +- 0.010 (0.860, 0.730, 0.610): within noise")
+    assert "c256" in lines[1] and "WARNING strayed" in lines[1]
+
+
+GRAPH_LOG = """(EngineCore pid=1) INFO 12-02 10:00:00 [gpu_model_runner.py:6844] Graph capturing finished in 31 secs, \
+took 1.52 GiB
+(EngineCore pid=1) INFO 12-02 10:00:01 [core.py:347] init engine (profile, create kv cache, warmup model) took 140.20 s
+(APIServer pid=2) INFO 12-02 10:01:00 [loggers.py:318] **CUDAGraph Config Settings:**
+
+- Mode: FULL_DECODE_ONLY
+- Capture sizes: [1, 2, 4, 8, 1008, 1024]
+
+**CUDAGraph Stats:**
+
+| Unpadded Tokens | Padded Tokens | Num Paddings | Runtime Mode | Count |
+|-----------------|---------------|--------------|--------------|-------|
+| 588             | 592           | 4            | FULL         | 12    |
+| 128             | 128           | 0            | FULL         | 7     |
+| 1100            | 1100          | 0            | NONE         | 2     |
+"""
 
 
 def test_tiny_in_fp32_serves_both_modes_with_the_fp32_prefill(tmp_path, monkeypatch, bench_script):

@@ -22,3 +22,27 @@ SERVING_RATIOS = {
     "TPOT speedup": (0.94, 1.02, 1.00, 0.99, 0.83, 0.60),
     "peak admitted requests": (1.00, 1.00, 1.00, 1.01, 1.45, 2.50),
 }
+
+
+def geometric_acceptance_rates(length: float, k: int) -> tuple[float, ...]:
+    """Per-position unconditional acceptance rates (a_1 .. a_k) of a depth-``k`` chain whose every draft is accepted
+    with the same probability ``alpha`` once its parent was (Leviathan et al.'s i.i.d. model: a_i = alpha ** i), with
+    ``alpha`` chosen so that a step emits ``length`` tokens on average: 1 + alpha + ... + alpha ** k = length.
+
+    One parameter, because the paper publishes one figure per chain (tokens per step), not a per-position profile;
+    ``alpha`` is found by bisection (the sum rises monotonically in alpha on [0, 1])."""
+    if not 1.0 <= length <= k + 1:
+        raise ValueError(f"length = {length}: a chain of {k} drafts emits 1 to {k + 1} tokens per step")
+    lo, hi = 0.0, 1.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(mid ** i for i in range(1, k + 1)) < length - 1 else (lo, mid)
+    alpha = 0.0 if length == 1 else (lo + hi) / 2
+    return tuple(alpha ** i for i in range(1, k + 1))
+
+
+#: The acceptance that synthetic serving runs reproduce by default (``treewy serve --acceptance paper-35b``): the
+#: paper's 35B depth-3 MTP chain, ACCEPTANCE[(1, 1, 1)] tokens per step, spread over positions by the rule above.
+#: Other chain lengths keep its per-draft rate: a_i = PAPER_35B_ALPHA ** i.
+PAPER_35B_CHAIN_RATES = geometric_acceptance_rates(ACCEPTANCE[(1, 1, 1)], 3)
+PAPER_35B_ALPHA = PAPER_35B_CHAIN_RATES[0]

@@ -37,11 +37,24 @@ SERVING_SCHEMA: dict[str, pl.DataType] = {
     "error": pl.String,             # null for a good point; why a measured point failed (treewy.serve)
     "cost_source": pl.String,       # simulator only: GDN state cost "analytic" or "measured:<kernels file>"
     "max_num_seqs": pl.Int64,       # the server's cap on running requests (vLLM --max-num-seqs; the simulator's)
-    "weights": pl.String,           # measured only: "real", or "dummy" (--load-format dummy: acceptance meaningless)
+    "weights": pl.String,           # measured only: "real", or "dummy" (--load-format dummy: no draft accepted)
+    # measured only: the acceptance asked of vLLM (treewy.serve.acceptance) and what its counters show
+    "acceptance_source": pl.String,   # --acceptance: "paper-35b", "length=L", "rates=A1,...,Ak", or "none" (real)
+    "acceptance_rates": pl.List(pl.Float64),  # requested unconditional per-position rates (null: real acceptance)
+    "expected_tokens_per_step": pl.Float64,   # 1 + sum(acceptance_rates)
+    "measured_acceptance_rates": pl.List(pl.Float64),  # vLLM's accepted_per_pos / drafts over the point
+    "acceptance_stderr": pl.Float64,  # standard error of acceptance_length for this many drafts (synthetic only)
+    "acceptance_warning": pl.String,  # null, or why acceptance_length strays beyond noise from the request
+    # measured only: CUDA graphs (treewy.serve.launcher.capture_plan)
+    "cudagraph_max_size": pl.Int64,   # the largest step, in tokens, captured as a CUDA graph (0: none)
+    "eager_fallback_possible": pl.Boolean,  # True when max_num_seqs x (1 + k) tokens exceeds cudagraph_max_size
+    "compilation_config": pl.String,  # the --compilation-config JSON the server got (null: none passed)
 }
 
 #: Columns added after the first tables were written: read as null from older files.
-LATE_COLUMNS = ("max_num_seqs", "weights")
+LATE_COLUMNS = ("max_num_seqs", "weights", "acceptance_source", "acceptance_rates", "expected_tokens_per_step",
+                "measured_acceptance_rates", "acceptance_stderr", "acceptance_warning", "cudagraph_max_size",
+                "eager_fallback_possible", "compilation_config")
 
 
 def serving_frame(rows: list[dict]) -> pl.DataFrame:

@@ -7,8 +7,15 @@
         sends --num-prompts streamed requests (closed loop --max-concurrency, or open loop
         --request-rate) and writes a result JSON with vllm bench serve's keys.
 
+Speculation: without a synthetic sampler each step accepts REAL_RATES' worth of drafts (3.2 tokens per step at
+k = 3, deterministic). With vLLM 0.26's --speculative-config keys "rejection_sample_method": "synthetic" and
+"synthetic_acceptance_rates" (validated as vLLM does) each step draws its drafts as vLLM's sampler does: draft i is
+accepted when a uniform draw is below a_i / a_(i-1), stopping at the first rejection; the draws of a request are
+seeded by its prompt, so a run's counters are reproducible.
+
 Knobs (environment): FAKE_VLLM_DIE_AFTER=N (the server exits after its N-th completion request),
-FAKE_VLLM_FAIL_START=1 (the server exits at once), FAKE_VLLM_CALL_LOG=path (one line per bench run).
+FAKE_VLLM_FAIL_START=1 (the server exits at once), FAKE_VLLM_CALL_LOG=path (one line per bench run),
+FAKE_VLLM_ACCEPT_SCALE=x (a faulty synthetic sampler: every conditional rate times x).
 TREEWY_MODE=reconstruct makes the fake KV pool 2.4x roomier per request, like the plugin.
 """
 
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import threading
@@ -26,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 TOKEN_DELAY_S = 0.006
-ACCEPT_LEN = 3.2  # tokens per speculative step
+REAL_RATES = (1.0, 0.7, 0.5)  # per-position acceptance of the fake's own drafts: 3.2 tokens per step at k = 3
 
 
 class State:
@@ -38,7 +46,9 @@ class State:
         self.drafts = 0.0
         self.draft_tokens = 0.0
         self.accepted = 0.0
+        self.per_pos = [0.0] * 3
         self.k = 3
+        self.conditional: list[float] | None = None  # synthetic sampler: conditional acceptance per position
         self.per_req = 0.05 if mode == "reconstruct" else 0.12  # KV fraction one running request holds
 
 
@@ -56,7 +66,22 @@ def serve(argv: list[str]) -> int:
     assert args.host == "127.0.0.1", "the fake server binds to 127.0.0.1 only"
     die_after = int(os.environ.get("FAKE_VLLM_DIE_AFTER", "0"))
     st = State(os.environ.get("TREEWY_MODE", "store_all"))
-    st.k = json.loads(args.speculative_config).get("num_speculative_tokens", 3)
+    spec = json.loads(args.speculative_config)
+    st.k = spec.get("num_speculative_tokens", 3)
+    st.per_pos = [0.0] * st.k
+    if spec.get("rejection_sample_method") == "synthetic":
+        rates = spec.get("synthetic_acceptance_rates")
+        if (not isinstance(rates, list) or len(rates) != st.k or not all(0 <= r <= 1 for r in rates)
+                or any(b > a for a, b in zip(rates, rates[1:]))):
+            print(f"ValueError: synthetic_acceptance_rates must be {st.k} non-increasing rates in [0, 1], got {rates}",
+                  flush=True)
+            return 1
+        scale = float(os.environ.get("FAKE_VLLM_ACCEPT_SCALE", "1"))
+        st.conditional = [scale * (p / q if q > 0 else 0.0) for p, q in zip(rates, [1.0, *rates[:-1]])]
+    elif "synthetic_acceptance_rates" in spec:
+        print("ValueError: synthetic_acceptance_rates are only valid with rejection_sample_method='synthetic'.")
+        return 1
+    print(f"INFO speculative_config={json.dumps(spec)}", flush=True)
     name = args.served_model_name or args.model
 
     class Handler(BaseHTTPRequestHandler):
@@ -91,7 +116,8 @@ def serve(argv: list[str]) -> int:
                         f"vllm:spec_decode_num_drafts_total{{{lab}}} {st.drafts}",
                         f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {st.draft_tokens}",
                         f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {st.accepted}",
-                        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="0"}} {st.drafts}',
+                        *(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {a}'
+                          for i, a in enumerate(st.per_pos)),
                         "",
                     ])
                 self._send(200, text.encode(), "text/plain; version=0.0.4")
@@ -132,10 +158,7 @@ def serve(argv: list[str]) -> int:
                 chunk("[DONE]")
                 self.wfile.write(b"0\r\n\r\n")
                 with st.lock:
-                    steps = n / ACCEPT_LEN
-                    st.drafts += steps
-                    st.draft_tokens += steps * st.k
-                    st.accepted += n - steps
+                    speculate(st, n, str(body.get("prompt")))
             finally:
                 with st.lock:
                     st.running -= 1
@@ -149,6 +172,28 @@ def serve(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("INFO fake vllm: shutting down", flush=True)
     return 0
+
+
+def speculate(st: State, n: int, prompt: str) -> None:
+    """Count the speculative steps that emit a request's n tokens after its first (the prefill's)."""
+    if st.conditional is None:
+        rates = [REAL_RATES[i] if i < len(REAL_RATES) else 0.0 for i in range(st.k)]
+        steps = (n - 1) / (1 + sum(rates))
+        st.drafts += steps
+        st.draft_tokens += steps * st.k
+        st.accepted += steps * sum(rates)
+        st.per_pos = [a + steps * r for a, r in zip(st.per_pos, rates)]
+        return
+    rng, emitted = random.Random(prompt), 1
+    while emitted < n:
+        accepted = 0
+        while accepted < st.k and rng.random() < st.conditional[accepted]:
+            st.per_pos[accepted] += 1
+            accepted += 1
+        st.drafts += 1
+        st.draft_tokens += st.k
+        st.accepted += accepted
+        emitted += 1 + accepted
 
 
 def _scrape(base: str) -> dict[str, float]:

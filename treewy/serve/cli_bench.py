@@ -2,7 +2,12 @@
 
     treewy bench-serve --preset qwen3.5-35b-a3b --workloads balanced-chat,generation-heavy \\
         --concurrency 1,8,32,64,128,256 --modes store_all,reconstruct --out results/serve35b.parquet
+    treewy bench-serve --model /tmp/q35b-dummy --workloads generation-short --concurrency 32,256 \
+        --out results/dummy.parquet -- --load-format dummy        # synthetic acceptance: the paper's 35B chain
 
+Every row records the acceptance asked of vLLM (--acceptance; on dummy weights the paper's 35B chain by default)
+beside the one its counters show, and the CUDA graph capture sizes; a point whose measured acceptance strays from the
+request by more than 3 standard errors gets a warning (printed, and in the acceptance_warning column).
 Rerunning the same command resumes: finished points (in OUT.points.jsonl) are skipped. An existing OUT
 whose rows that checkpoint does not hold (another run's or another tool's table) is refused, not replaced.
 Exit code 0 when every point succeeded, 1 when some failed (they are rows with ``error`` set).
@@ -10,12 +15,13 @@ Exit code 0 when every point succeeded, 1 when some failed (they are rows with `
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 from treewy.serve.cli_serve import add_server_arguments, options_from_args, preflight
-from treewy.serve.launcher import ServeError, build_command
+from treewy.serve.launcher import ServeError, acceptance_of, build_command
 from treewy.serve.sweep import WORKLOADS, Sweep, SweepConfig
 from treewy.tree import STATE_MODES
 
@@ -48,6 +54,8 @@ def add_arguments(p) -> None:
     p.add_argument("--max-restarts", type=int, default=1, help="restarts of a server that dies mid-sweep, per mode")
     p.add_argument("--show-server-log", action="store_true", help="stream the server log to the terminal")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("extra", nargs=argparse.REMAINDER,
+                   help="after --: more arguments passed to vllm serve, e.g. -- --load-format dummy")
 
 
 def run(args) -> int:
@@ -78,8 +86,11 @@ def run(args) -> int:
         ran, failed = sweep.run(progress=not args.no_progress)
         frame = sweep.write_table()
         n_err = int(frame["error"].is_not_null().sum())
+        n_warn = int(frame["acceptance_warning"].is_not_null().sum())
         print(f"treewy bench-serve: {ran} point(s) run now, {failed} failed; {frame.height} row(s) in {out}"
-              + (f" ({n_err} failed: see the error column; rerun with --retry-failed)" if n_err else ""))
+              + (f" ({n_err} failed: see the error column; rerun with --retry-failed)" if n_err else "")
+              + (f"; at {n_warn} point(s) vLLM's acceptance strayed beyond noise from the requested "
+                 f"{acceptance_of(opts).describe()}: see the acceptance_warning column" if n_warn else ""))
         return 1 if n_err else 0
     except (ServeError, ValueError) as e:
         print(f"treewy bench-serve: error: {e}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
     treewy serve --preset qwen3.5-35b-a3b --mode reconstruct --dry-run
     treewy serve --model /ckpt/Qwen3.5-35B-A3B --mode store_all --port 8001 -- --max-model-len 32768
+    treewy serve --model /tmp/q35b-dummy --acceptance length=2.5 -- --load-format dummy
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from treewy.serve.launcher import (
     ServeError,
     ServeOptions,
     VLLMServer,
+    acceptance_of,
     build_command,
+    capture_plan,
     check_gpu,
     check_mtp_weights,
     check_port_free,
@@ -35,6 +38,14 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", "--num-speculative-tokens", type=int, dest="k", help="MTP chain length (default 3)")
     p.add_argument("--max-num-seqs", type=int, help="vLLM --max-num-seqs (default 256)")
     p.add_argument("--max-model-len", type=int)
+    p.add_argument("--acceptance", metavar="FORM",
+                   help="what the drafts accept, through vLLM's synthetic rejection sampler: paper-35b (the paper's "
+                        "35B chain, 3.23 tokens per step at k = 3), length=L (tokens per step), rates=A1,...,Ak "
+                        "(unconditional per position), or none (the drafts' real acceptance). Default: paper-35b "
+                        "with --load-format dummy (random weights accept nothing), none otherwise")
+    p.add_argument("--cudagraph-max-size", type=int, metavar="TOKENS",
+                   help="largest step captured as a CUDA graph (default max_num_seqs x (1 + k): every decode step "
+                        "the server can admit; larger steps run eagerly)")
     p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False,
                    help="vLLM prefix caching (store_all only; default off)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (127.0.0.1 only)")
@@ -60,7 +71,8 @@ def options_from_args(args, mode: str) -> tuple[ServeOptions, str]:
     over = dict(tp=args.tp, gmu=args.gmu, num_speculative_tokens=args.k, max_num_seqs=args.max_num_seqs,
                 max_model_len=args.max_model_len)
     common = dict(mode=mode, prefix_caching=args.prefix_caching, host=args.host, port=args.port,
-                  vllm=args.vllm, extra_args=extra)
+                  vllm=args.vllm, extra_args=extra, acceptance=args.acceptance,
+                  cudagraph_max_size=args.cudagraph_max_size)
     if args.preset:
         preset = ServePreset.from_name(args.preset)
         opts = ServeOptions.from_preset(preset, **over, **common)
@@ -74,6 +86,15 @@ def options_from_args(args, mode: str) -> tuple[ServeOptions, str]:
             setattr(opts, k, v)
     check_tensor_parallel(opts.tp, opts.model)
     return opts, args.model
+
+
+def describe(opts: ServeOptions) -> list[str]:
+    """What the command asks of vLLM beyond its flags: the acceptance and the CUDA graphs."""
+    plan = capture_plan(opts)
+    graphs = (f"steps of up to {plan.max_size} tokens ({plan.why})" if plan.max_size else plan.why)
+    eager = (f"; decode steps of up to {plan.needed} tokens are admitted, larger than {plan.max_size} run eagerly"
+             if plan.eager_fallback_possible and plan.max_size else "")
+    return [f"acceptance: {acceptance_of(opts).describe()}", f"CUDA graphs: {graphs}{eager}"]
 
 
 def preflight(opts: ServeOptions, *, gpu_check: bool = True) -> str:
@@ -93,11 +114,14 @@ def run(args) -> int:
             print(format_command(argv, env))
             for k, v in sorted(env.items()):
                 print(f"# env {k}={v}")
+            for line in describe(opts):
+                print(f"# {line}")
             return 0
         preflight(opts, gpu_check=not args.no_gpu_check)
         with VLLMServer(argv, env, opts.base_url, log_path=args.log_file) as srv:
             srv.wait_healthy(timeout=args.health_timeout)
-            print(f"treewy serve: {opts.mode} server ready at {opts.base_url} (Ctrl-C stops it)", flush=True)
+            print(f"treewy serve: {opts.mode} server ready at {opts.base_url} (Ctrl-C stops it); "
+                  + "; ".join(describe(opts)), flush=True)
             try:
                 code = srv.proc.wait()
             except KeyboardInterrupt:

@@ -3,7 +3,8 @@
 Names as vLLM 0.26.0 (read from a live server on an H200) and 0.33.0 expose them
 (vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py;
 prometheus_client appends ``_total`` to counters). Samples carry labels (model_name, engine);
-gauges are summed over engines for running requests and maxed for KV usage (a fraction per engine).
+gauges are summed over engines for running requests and maxed for KV usage (a fraction per engine). The
+accepted drafts per position (label ``position``) give vLLM's per-position acceptance rates, accepted / drafts.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"  # label "position": 0 .. k - 1
 COUNTERS = (PREEMPTIONS, SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED)
 
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)(?:\s+\S+)?\s*$')
@@ -56,6 +58,16 @@ def _max(samples, name) -> float | None:
     return None if not s else max(v for _, v in s)
 
 
+def accepted_per_position(samples) -> list[float] | None:
+    """vLLM's accepted drafts per position (summed over engines), position 0 first; None when it reports none."""
+    per: dict[int, float] = {}
+    for labels, v in samples.get(SPEC_ACCEPTED_PER_POS, []):
+        pos = labels.get("position", "")
+        if pos.isdigit():
+            per[int(pos)] = per.get(int(pos), 0.0) + v
+    return [per.get(i, 0.0) for i in range(max(per) + 1)] if per else None
+
+
 @dataclass
 class MetricsSummary:
     peak_kv_usage: float | None = None
@@ -64,6 +76,7 @@ class MetricsSummary:
     spec_drafts: float | None = None
     spec_draft_tokens: float | None = None
     spec_accepted_tokens: float | None = None
+    spec_accepted_per_pos: list[float] | None = None
     scrapes: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -73,6 +86,13 @@ class MetricsSummary:
         if not self.spec_drafts or self.spec_accepted_tokens is None:
             return None
         return 1.0 + self.spec_accepted_tokens / self.spec_drafts
+
+    @property
+    def acceptance_rates(self) -> list[float] | None:
+        """Per-position acceptance rates: accepted at position i / drafts (vLLM's definition; unconditional)."""
+        if not self.spec_drafts or self.spec_accepted_per_pos is None:
+            return None
+        return [a / self.spec_drafts for a in self.spec_accepted_per_pos]
 
 
 class MetricsScraper:
@@ -107,6 +127,7 @@ class MetricsScraper:
         if run is not None:
             s.peak_running = int(run) if s.peak_running is None else max(s.peak_running, int(run))
         counters = {n: _sum(samples, n) for n in COUNTERS}
+        counters[SPEC_ACCEPTED_PER_POS] = accepted_per_position(samples)
         if self._first is None:
             self._first = counters
         self._last = counters
@@ -137,6 +158,10 @@ class MetricsScraper:
             s.preemptions = None if p is None else int(round(p))
             s.spec_drafts, s.spec_draft_tokens = delta(SPEC_DRAFTS), delta(SPEC_DRAFT_TOKENS)
             s.spec_accepted_tokens = delta(SPEC_ACCEPTED)
+            a, b = self._first.get(SPEC_ACCEPTED_PER_POS), self._last.get(SPEC_ACCEPTED_PER_POS)
+            if b is not None:
+                a = a or [0.0] * len(b)  # absent from the first scrape: counted from zero
+                s.spec_accepted_per_pos = [y - x for x, y in zip(a, b)] if len(a) == len(b) else None
         return s
 
     def __enter__(self) -> MetricsScraper:

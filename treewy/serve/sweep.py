@@ -27,13 +27,17 @@ from treewy.serve.launcher import (
     ServeError,
     ServeOptions,
     VLLMServer,
+    acceptance_of,
     build_command,
+    capture_plan,
     check_port_free,
+    dummy_weights,
     group_members,
     has_proc,
     process_alive,
     process_start_time,
 )
+from treewy.serve.acceptance import check_acceptance
 from treewy.serve.metrics import MetricsScraper
 from treewy.workloads import CATALOGUE
 
@@ -185,21 +189,15 @@ def bench_command(cfg: SweepConfig, p: Point, result_dir: Path, result_name: str
 
 def _base_row(cfg: SweepConfig, p: Point) -> dict:
     s = cfg.server
+    acc, plan = acceptance_of(s), capture_plan(s)
     return {"model": cfg.model_name, "gpu": cfg.device, "tp": s.tp, "gmu": s.gmu, "workload": p.workload,
             "mode": p.mode, "tree": str((1,) * s.num_speculative_tokens), "num_drafts": s.num_speculative_tokens,
             "concurrency": p.concurrency, "request_rate": p.request_rate, "simulated": False,
             "device": cfg.device, "date": _dt.date.today().isoformat(), "max_num_seqs": s.max_num_seqs,
-            "weights": "dummy" if "dummy" in _load_format(s.extra_args) else "real"}
-
-
-def _load_format(args: list[str]) -> str:
-    """The --load-format value among vLLM's extra arguments ("" when absent)."""
-    for i, a in enumerate(args):
-        if a.startswith("--load-format="):
-            return a.split("=", 1)[1]
-        if a == "--load-format" and i + 1 < len(args):
-            return args[i + 1]
-    return ""
+            "weights": "dummy" if dummy_weights(s) else "real", "acceptance_source": acc.source,
+            "acceptance_rates": None if acc.rates is None else list(acc.rates),
+            "expected_tokens_per_step": acc.expected_tokens_per_step, "cudagraph_max_size": plan.max_size,
+            "eager_fallback_possible": plan.eager_fallback_possible, "compilation_config": plan.compilation_config}
 
 
 def _float(x):
@@ -220,6 +218,10 @@ def row_from_result(cfg: SweepConfig, p: Point, result: dict, metrics) -> dict:
         else _float(result.get("spec_decode_acceptance_length")),
         "error": None,
     })
+    check = check_acceptance(acceptance_of(cfg.server), cfg.server.num_speculative_tokens, metrics.spec_drafts,
+                             metrics.spec_accepted_tokens, metrics.spec_accepted_per_pos, metrics.spec_draft_tokens)
+    row.update({"measured_acceptance_rates": None if check.rates is None else list(check.rates),
+                "acceptance_stderr": check.stderr, "acceptance_warning": check.warning})
     if (result.get("completed") or 0) == 0:
         row["error"] = f"no request completed ({result.get('failed')} failed)"
     return row
@@ -254,6 +256,7 @@ class Sweep:
         self.result_dir = cfg.result_dir or cfg.out.parent / (cfg.out.stem + "_results")
         self.done = load_checkpoint(cfg.checkpoint)
         self.check_out()
+        self.check_acceptance_matches()
 
     def check_out(self) -> None:
         """Refuse an --out that rebuilding the table from the checkpoint would lose rows of: a folder, a file that
@@ -280,6 +283,16 @@ class Sweep:
             raise ServeError(f"--out {out} holds {lost} of its {table.height} row(s) that the checkpoint "
                              f"{self.cfg.checkpoint} has no record of (another run's table, or another tool's?); "
                              f"bench-serve rebuilds --out from the checkpoint and would drop them: {fix}")
+
+    def check_acceptance_matches(self) -> None:
+        """Refuse to resume a checkpoint measured at another acceptance: its rows and this run's would share a table
+        and a point key. Records written before acceptance was recorded had the drafts' real acceptance."""
+        want = acceptance_of(self.cfg.server).source
+        seen = {(r["row"].get("acceptance_source") or "none") for r in self.done.values()} - {want}
+        if seen:
+            raise ServeError(f"the checkpoint {self.cfg.checkpoint} was measured with --acceptance "
+                             f"{', '.join(sorted(seen))}, this run asks for {want}: pass the same --acceptance to "
+                             "resume it, or a fresh --out")
 
     def _accounted(self, row: dict) -> bool:
         if row.get("simulated") is not False:  # bench-serve writes measured rows only
@@ -425,6 +438,8 @@ class Sweep:
                         if row.get("error"):
                             failed += 1
                             self.log(f"point {p.label()} failed: {row['error'].splitlines()[0][:300]}")
+                        elif row.get("acceptance_warning"):
+                            self.log(f"point {p.label()}: warning: {row['acceptance_warning']}")
                         bar.update(1)
                 finally:
                     if srv is not None:
