@@ -12,20 +12,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-
-def sim_commit() -> str:
-    """HEAD, with '+dirty' when treewy/sim or treewy/memory.py differ from it."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "treewy/sim", "treewy/memory.py"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
-    return head + ("+dirty" if dirty else "")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def text_table(df, meta) -> str:
@@ -79,7 +69,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     rates, source = acceptance_rates((1, 1, 1))
     meta = {"model": "qwen3.5-35b-a3b", "gpu": "h200", "tp": 1, "date": dt.date.today().isoformat(),
-            "commit": sim_commit(), "gmus": list(P.GMUS), "workloads": list(P.WORKLOADS),
+            "commit": P.sim_commit(), "gmus": list(P.GMUS), "workloads": list(P.WORKLOADS),
             "concurrency": list(P.CONCURRENCIES), "min_requests": P.MIN_REQUESTS,
             "requests_per_concurrency": P.REQUESTS_PER_CONCURRENCY,
             "requests_per_point": {str(c): P.requests_per_point(c) for c in P.CONCURRENCIES},

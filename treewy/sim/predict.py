@@ -13,6 +13,9 @@ Workloads: ``generation-short`` and ``summarize-short`` (the catalogue's), and `
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 
@@ -55,3 +58,11 @@ def predict(gmus=GMUS, workloads=WORKLOADS, concurrency=CONCURRENCIES, seed: int
                                        workload=wl, concurrency=[c], seed=seed, num_prompts=n, lengths=lengths,
                                        acceptance=acceptance, server=server))
     return pl.concat(frames)
+
+
+def sim_commit() -> str:
+    """The checkout's HEAD, with '+dirty' when treewy/sim or treewy/memory.py differ from it."""
+    root = Path(__file__).resolve().parents[2]
+    git = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    return git("rev-parse", "HEAD") + ("+dirty" if git("status", "--porcelain", "--", "treewy/sim", "treewy/memory.py")
+                                        else "")
