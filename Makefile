@@ -31,12 +31,14 @@ notebook-filter:
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
 	  git config filter.nbstrip.clean "python3 tools/nbstrip.py"; fi
 
-# The whole checkout in the file browser (READMEs and results next to the notebooks); 00 opens first; notebooks are
-# saved without their outputs (tools/jupyter_lab_config.py).
+# The whole checkout in the file browser (READMEs and results next to the notebooks); 00 opens first, and the URL
+# JupyterLab prints opens 00 too; notebooks are saved without their outputs, no news prompt, warnings only in the
+# terminal (tools/jupyter_lab_config.py).
 lab: setup
-	TREEWY_DEVICE=$${TREEWY_DEVICE:-cpu} $(VENV)/bin/jupyter lab --ip 127.0.0.1 --ServerApp.root_dir=. \
-	  --config=tools/jupyter_lab_config.py \
-	  $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS) notebooks/00_start_here.ipynb
+	@echo "JupyterLab runs in this terminal until Ctrl-C; the URL it prints opens notebooks/00_start_here.ipynb"
+	@TREEWY_DEVICE=$${TREEWY_DEVICE:-cpu} $(VENV)/bin/jupyter lab --ip 127.0.0.1 --ServerApp.root_dir=. \
+	  --config=tools/jupyter_lab_config.py --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb \
+	  $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 test: setup
 	$(PY) -m pytest -q

@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export-vllm": ("treewy.serve.cli_export", "write a checkpoint (or a dummy-weight config) in the layout vLLM serves"),
     "bench-serve": ("treewy.serve.cli_bench", "serving sweep with vllm bench serve: one tidy row per point"),
     "simulate": ("treewy.sim.cli", "simulated serving sweep: TreeWY / store-all ratio table (memory, admission, TTFT)"),
+    "lab": ("treewy.lab_command", "copy the notebooks into a folder (default ./treewy-lab) and open JupyterLab on 00"),
 }
 
 
@@ -33,16 +34,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="treewy", description="TreeWY lab: tree speculative decoding for GDN hybrids")
     parser.add_argument("--version", action="version", version=f"treewy {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    pass_through = False
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if argv and argv[0] == name:
             mod = importlib.import_module(module)
             mod.add_arguments(p)
             p.set_defaults(run=mod.run)
-    args = parser.parse_args(argv)
+            pass_through = getattr(mod, "PASS_THROUGH", False)   # a command that hands unknown options on
+    if pass_through:
+        args, args.extra = parser.parse_known_args(argv)
+    else:
+        args = parser.parse_args(argv)
+    from treewy.env import MissingExtra
     try:
         return int(args.run(args) or 0)
-    except ValueError as e:  # bad input found by the command or the library under it: one line, not a traceback
+    except (ValueError, MissingExtra) as e:  # bad input, or an extra to install: one line, not a traceback
         print(f"treewy {args.command}: error: {' '.join(line.strip() for line in str(e).splitlines())}",
               file=sys.stderr)
         return 2
