@@ -4,7 +4,7 @@
 into the transformers model class of its ``model_type``, attaches the ``mtp.*`` weights (which
 transformers drops) as ``model.mtp``, and returns the module in eval mode. ``load("tiny")`` loads
 the checkpoint committed under ``treewy/models/tiny``. transformers is imported only here, inside
-functions (``pip install -e '.[hf]'``).
+functions (the extras ``treewy.env.TINY_MODEL_EXTRAS``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ def _transformers():
     try:
         import transformers
     except ImportError as e:
-        raise ImportError("treewy.models needs transformers and safetensors: pip install -e '.[hf]'") from e
+        from treewy.env import TINY_MODEL_EXTRAS, MissingExtra, install_command
+        raise MissingExtra(f"treewy.models needs transformers and safetensors: "
+                           f"{install_command(TINY_MODEL_EXTRAS)}") from e
     return transformers
 
 
