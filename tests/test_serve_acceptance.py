@@ -205,7 +205,8 @@ def test_per_position_counters_are_read_per_engine_and_position():
 # --- end to end -----------------------------------------------------------------------------------------------------
 
 def _bench(tmp_path, *extra, out="acc.parquet"):
-    return main(["bench-serve", "--model", str(support.checkpoint(tmp_path)), "--no-gpu-check",
+    # weights without mtp.* tensors: vLLM's --load-format dummy reads none, so only the config's MTP layers count
+    return main(["bench-serve", "--model", str(support.checkpoint(tmp_path, mtp_weights=False)), "--no-gpu-check",
                  "--port", str(support.free_port()), "--workloads", "smoke", "--num-prompts", "6",
                  "--out", str(tmp_path / out), "--device", "fake-h200", "--metrics-interval", "0.05",
                  "--health-timeout", "30", "--point-timeout", "60", "--no-progress", *extra])

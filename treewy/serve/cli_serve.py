@@ -22,6 +22,7 @@ from treewy.serve.launcher import (
     check_port_free,
     check_tensor_parallel,
     check_vllm_installed,
+    dummy_weights,
     format_command,
 )
 from treewy.serve.presets import PRESETS, ServePreset
@@ -101,7 +102,7 @@ def preflight(opts: ServeOptions, *, gpu_check: bool = True) -> str:
     """Every check that can fail before vLLM starts; returns the device name."""
     check_vllm_installed(opts.vllm)
     device = check_gpu() if gpu_check else "unchecked"
-    check_mtp_weights(opts.model)
+    check_mtp_weights(opts.model, weights=not dummy_weights(opts))
     check_port_free(opts.host, opts.port)
     return device
 

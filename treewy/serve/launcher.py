@@ -391,8 +391,9 @@ def check_tensor_parallel(tp, model: str, preset: str | None = None) -> None:
             raise ServeError(str(e)) from None
 
 
-def check_mtp_weights(model: str) -> None:
-    """A local checkpoint must declare MTP layers in its config and ship ``mtp.*`` weights.
+def check_mtp_weights(model: str, weights: bool = True) -> None:
+    """A local checkpoint must declare MTP layers in its config and, unless ``weights`` is False (vLLM's
+    ``--load-format dummy`` reads none), ship ``mtp.*`` weights.
 
     Hub ids are not checked here (vLLM resolves them). Raises ServeError with what is missing.
     """
@@ -412,6 +413,8 @@ def check_mtp_weights(model: str) -> None:
         raise ServeError(f"{d}/config.json declares no MTP layers (mtp_num_hidden_layers / "
                          "num_nextn_predict_layers missing or 0); MTP speculation needs a checkpoint "
                          "that ships its MTP head")
+    if not weights:
+        return
     index = d / "model.safetensors.index.json"
     if index.is_file():
         weight_map = _read_json_object(index).get("weight_map")
