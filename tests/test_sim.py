@@ -294,3 +294,45 @@ def test_acceptance_is_an_input_and_defaults_to_the_paper_35b_chain():
         df = simulate(M35, "h200", mode="store_all", workload="generation-short", concurrency=[16], kernels=None,
                       acceptance=acc)
         assert abs(df["acceptance_length"].item() - want) < 0.06, (acc, df["acceptance_length"].item())
+
+
+def test_cli_takes_the_acceptance(capsys):
+    import argparse
+
+    from treewy.cli import main
+    from treewy.sim.cli import add_arguments
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--acceptance", "2.5"]).acceptance == 2.5
+    assert parser.parse_args(["--acceptance", "0.9,0.5,0.2"]).acceptance == [0.9, 0.5, 0.2]
+    assert parser.parse_args([]).acceptance is None
+    # two rates for a depth-3 chain reach simulate(), which names the argument
+    assert main(["simulate", "--workload", "spec-bench", "--concurrency", "8", "--kernels", "none",
+                 "--acceptance", "0.5,0.5"]) == 2
+    assert "acceptance" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["simulate", "--acceptance", "fast"])
+
+
+def test_predictions_committed_before_the_sweep_cover_its_grid():
+    from pathlib import Path
+
+    from treewy.sim import predict as P
+    base = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "predictions_35b_h200_tp1_2026-12-01"
+    df = pl.read_parquet(base.with_suffix(".parquet"))
+    meta = json.loads(base.with_suffix(".json").read_text())
+    grid = {(g, w, c, m) for g in P.GMUS for w in P.WORKLOADS for c in P.CONCURRENCIES
+            for m in ("store_all", "reconstruct")}
+    assert set(zip(df["gmu"], df["workload"], df["concurrency"], df["mode"])) == grid and df.height == len(grid)
+    assert df["simulated"].all() and (df["gpu"] == "h200").all() and (df["failed"] == 0).all()
+    assert all(r["completed"] == P.requests_per_point(r["concurrency"]) for r in df.iter_rows(named=True))
+    assert [P.requests_per_point(c) for c in (1, 8, 32, 64, 128, 256)] == [64, 64, 128, 256, 512, 1024]
+    assert len(meta["commit"].split("+")[0]) == 40 and meta["date"] == "2026-12-01"
+    assert abs(df.filter(pl.col("concurrency") == 8)["acceptance_length"].mean() - 3.23) < 0.05
+
+
+def test_predict_runs_a_slice_of_the_grid():
+    from treewy.sim.predict import predict
+    df = predict(gmus=(0.6,), workloads=("balanced-short",), concurrency=(8,))
+    assert df.height == 2 and (df["completed"] == 64).all()
+    assert 0.8 * 128 <= df["mean_e2el_ms"].min() / df["mean_tpot_ms"].min()   # ~128 output tokens per request

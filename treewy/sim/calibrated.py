@@ -19,7 +19,8 @@ writes the comparison to ``benchmarks/results/sim_vs_measured_qwen3.5-35b-a3b_h2
 The memory side needed no change: the pool matched vLLM's, and the admitted requests to within one request at
 every point once max_num_seqs matched (store-all 47-48 running against the simulator's 46-48; TreeWY 128 of 128,
 then 147 and 137 of 256 against 147 and 138). Not captured: summarize-short's TPOT at 16-32 requests (measured
-20.0-28.1 ms, simulated 25.8-32.5) and the first request's TTFT.
+20.0-28.1 ms, simulated 25.8-32.5) and the TTFT of a wave sent at once (README.md, "Time to first token").
+The fit holds with and without asynchronous scheduling (the fitted points are single waves, which it does not move).
 """
 
 from __future__ import annotations

@@ -18,6 +18,17 @@ def _ints(example: str):
     return parse
 
 
+def _acceptance(text: str):
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        vals = []
+    if not vals:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected tokens per step (e.g. 3.23) or per-depth rates "
+                                         "(e.g. 0.86,0.86,0.86)")
+    return vals[0] if len(vals) == 1 and "," not in text else vals
+
+
 def add_arguments(parser) -> None:
     from treewy.sim.sweep import CONCURRENCIES
     from treewy.sim.workloads import WORKLOADS
@@ -32,6 +43,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--workload", nargs="+", default=list(WORKLOADS), choices=list(CATALOGUE))
     parser.add_argument("--concurrency", type=_ints("1,8,32"), default=CONCURRENCIES,
                         help="e.g. 1,8,32,64,128,256 (at most 4096)")
+    parser.add_argument("--acceptance", type=_acceptance, default=None,
+                        help="tokens per step (e.g. 3.23) or comma-separated per-depth acceptance rates (e.g. "
+                        "0.86,0.86,0.86); default: the paper's figure for the tree (its 35B chain: 3.23)")
     parser.add_argument("--state-dtype", default=None, help="GDN state dtype (default: the model's, fp32 for Qwen3.5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kernels", default="auto", help="kernel table for measured state-cost ratios: a targets_*.json "
@@ -56,7 +70,7 @@ def run(args) -> int:
     c0 = time.process_time()
     df = simulate(args.model, args.gpu, args.tp, args.gmu, mode=["store_all", "reconstruct"], tree=args.tree,
                   workload=args.workload, concurrency=list(args.concurrency), seed=args.seed,
-                  state_dtype=args.state_dtype, kernels=kernels)
+                  state_dtype=args.state_dtype, kernels=kernels, acceptance=args.acceptance)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     lines = [format_ratio_table(df, title=f"SIMULATED serving sweep: {args.model}, tp {args.tp}, {args.gpu}, "
                                           f"gmu {args.gmu}, tree {tuple(args.tree)}, workloads {', '.join(args.workload)}")]
