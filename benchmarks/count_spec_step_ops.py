@@ -4,7 +4,8 @@
 
 Runs, once each under ``torch.profiler`` (CPU activity), what one GDN layer does per spec step in each mode:
 
-- reconstruct: the plugin's stand-in for vLLM's spec kernel (``treewy.serve.reconstruct.vllm_spec_update``), and
+- reconstruct: the plugin's stand-in for vLLM's spec kernel (``treewy.serve.reconstruct.vllm_spec_update``;
+  before it existed, ``gdn_gating`` then ``spec_step``, the count in benchmarks/results/spec_step_ops_cpu_*.txt), and
   ``flush_slots`` as the plugin runs it on a step that also carries prefill or plain-decode rows;
 - store_all: vLLM 0.26's ``fused_sigmoid_gating_delta_rule_update`` called as its Qwen GDN layer calls it for the
   spec rows (``--vllm-src``: a folder holding ``vllm/third_party/flash_linear_attention/ops/fused_sigmoid_gating.py``,
@@ -88,13 +89,13 @@ def launches(fn):
     events = prof.events()
     root = next(e for e in events if e.name == "root")
 
-    def inside_launch(e):
+    def counted(e):  # under root (not another thread's op) and not inside a launch
         p = e.cpu_parent
-        while p is not None:
+        while p is not None and p is not root:
             if p.name.startswith(LAUNCH_TAG):
-                return True
+                return False
             p = p.cpu_parent
-        return False
+        return p is root
 
     def computes(e):
         return e.name.startswith(LAUNCH_TAG) or (e.name.startswith("aten::") and e.name not in NO_LAUNCH
@@ -104,13 +105,13 @@ def launches(fn):
         return not e.name.startswith(LAUNCH_TAG) and any(computes(c) or has_computing_child(c) for c in e.cpu_children)
 
     def top(e):
-        while e.cpu_parent is not None and e.cpu_parent is not root and e.cpu_parent.name != "root":
+        while e.cpu_parent is not root:
             e = e.cpu_parent
         return e
 
     out, syncs = [], []
     for e in events:
-        if e is root or inside_launch(e):
+        if not counted(e):
             continue
         if e.name in SYNC:
             syncs.append(top(e).name)
@@ -151,36 +152,33 @@ def shapes(B, T):
     return dict(H=H, HV=HV, K=K, V=V), x
 
 
-def reconstruct_fns(B, T, stub):
-    from treewy.ops.tree_verify import chain as chain_mod
-    from treewy.serve import reconstruct
-    from treewy.serve.reconstruct import ReconstructPools, flush_slots
+@contextlib.contextmanager
+def recorded(module, names, stub):
+    """The named Triton kernels of ``module`` recorded as launches (``Launch``) while inside, restored after."""
+    saved = {n: getattr(module, n) for n in names}
+    try:
+        for n, kernel in saved.items():
+            setattr(module, n, Launch(kernel, n, stub))
+        yield
+    finally:
+        for n, kernel in saved.items():
+            setattr(module, n, kernel)
+
+
+def reconstruct_fns(B, T):
+    """(the plugin's spec step, the flush it runs on steps with non-spec rows) on one layer's pools."""
+    from treewy.serve.reconstruct import ReconstructPools, flush_slots, vllm_spec_update
 
     d, x = shapes(B, T)
     pools = ReconstructPools.empty(B + 1, max_nodes=T, **d)
     pools.meta[1:, 0] = T        # every real slot holds a pending window of T nodes
-    for name in ("tree_verify_chain_kernel", "chain_spec_step_kernel"):
-        if hasattr(chain_mod, name):
-            setattr(chain_mod, name, Launch(getattr(chain_mod, name), name, stub))
-    step = (lambda: reconstruct.vllm_spec_update(pools, **x, use_qk_l2norm_in_kernel=True)) \
-        if hasattr(reconstruct, "vllm_spec_update") else (lambda: _plugin_body_before(pools, x))
     non_spec = x["ssm_state_indices"][:, 0].clone()
-    return step, lambda: flush_slots(pools, non_spec)
+    return (lambda: vllm_spec_update(pools, **x, use_qk_l2norm_in_kernel=True)), lambda: flush_slots(pools, non_spec)
 
 
-def _plugin_body_before(pools, x):
-    """The plugin's ``treewy_spec_update`` as it read before ``vllm_spec_update`` existed (the 'before' count)."""
-    from treewy.ops.gates import gdn_gating
-    from treewy.ops.tree_verify.chain import fixed_config
-    from treewy.serve.reconstruct import spec_step
-
-    q, k, v, a, b, cu = x["q"], x["k"], x["v"], x["a"], x["b"], x["cu_seqlens"]
-    N = q.shape[1]
-    g, beta = gdn_gating(x["A_log"], a[:N], b[:N], x["dt_bias"])
-    B = cu.shape[0] - 1
-    o = spec_step(pools, x["ssm_state_indices"][:B, 0], x["num_accepted_tokens"], q[0], k[0], v[0], g, beta, cu,
-                  use_qk_l2norm_in_kernel=True, config=fixed_config())
-    return o[None], None
+def reconstruct_kernels(stub):
+    from treewy.ops.tree_verify import chain
+    return recorded(chain, ["chain_spec_step_kernel"], stub)
 
 
 def _vllm_module(src):
@@ -206,20 +204,19 @@ def _vllm_module(src):
     return mod
 
 
-def store_all_fn(B, T, stub, src):
+def store_all_fn(B, T, src):
+    """(store-all's spec step as vLLM's Qwen GDN layer calls it, its module), or (None, None) without vLLM."""
     mod = _vllm_module(src)
     if mod is None:
-        return None
+        return None, None
     d, x = shapes(B, T)
-    mod.fused_sigmoid_gating_delta_rule_update_kernel = Launch(mod.fused_sigmoid_gating_delta_rule_update_kernel,
-                                                               "fused_sigmoid_gating_delta_rule_update_kernel", stub)
     state = torch.zeros(B * T + 1, d["HV"], d["V"], d["K"])
     idx = torch.arange(1, B * T + 1, dtype=torch.int32).reshape(B, T)   # store-all: T blocks per request
     idx[-1] = 0
     args = {k: x[k] for k in ("A_log", "a", "b", "dt_bias", "q", "k", "v", "num_accepted_tokens")}
-    return lambda: mod.fused_sigmoid_gating_delta_rule_update(
+    return (lambda: mod.fused_sigmoid_gating_delta_rule_update(
         **args, initial_state=state, inplace_final_state=True, cu_seqlens=x["cu_seqlens"], ssm_state_indices=idx,
-        use_qk_l2norm_in_kernel=True)
+        use_qk_l2norm_in_kernel=True)), mod
 
 
 def main(argv=None) -> str:
@@ -232,14 +229,20 @@ def main(argv=None) -> str:
     args = p.parse_args(argv)
     if args.B < 2 or args.T < 2:
         p.error("--B and --T must be at least 2 (a real row with a ragged window and a padding row)")
-    step, flush = reconstruct_fns(args.B, args.T, args.stub)
-    parts = [f"counted on CPU with the torch profiler (torch {torch.__version__}); B = {args.B}, T = {args.T}; "
-             f"verify kernel {'stubbed' if args.stub else 'run under the Triton interpreter'}; per GDN layer per step",
-             table("reconstruct spec step (vllm_spec_update)", *launches(step)),
-             table("reconstruct flush_slots (steps with prefill / plain-decode rows)", *launches(flush))]
-    sa = store_all_fn(args.B, args.T, args.stub, args.vllm_src)
-    parts.append(table("store_all spec step (vLLM 0.26 fused_sigmoid_gating_delta_rule_update)", *launches(sa))
-                 if sa is not None else "store_all: not counted (no --vllm-src and vLLM not importable)")
+    step, flush = reconstruct_fns(args.B, args.T)
+    with reconstruct_kernels(args.stub):
+        parts = [f"counted on CPU with the torch profiler (torch {torch.__version__}); B = {args.B}, T = {args.T}; "
+                 f"verify kernel {'stubbed' if args.stub else 'run under the Triton interpreter'}; per GDN layer "
+                 "per step",
+                 table("reconstruct spec step (vllm_spec_update)", *launches(step)),
+                 table("reconstruct flush_slots (steps with prefill / plain-decode rows)", *launches(flush))]
+    sa, mod = store_all_fn(args.B, args.T, args.vllm_src)
+    if sa is None:
+        parts.append("store_all: not counted (no --vllm-src and vLLM not importable)")
+    else:
+        with recorded(mod, ["fused_sigmoid_gating_delta_rule_update_kernel"], args.stub):
+            parts.append(table("store_all spec step (vLLM 0.26 fused_sigmoid_gating_delta_rule_update)",
+                               *launches(sa)))
     text = "\n\n".join(parts)
     print(text)
     if args.out is not None:

@@ -16,10 +16,11 @@ What ``register()`` does in reconstruct mode (vLLM is imported here, never at tr
 3. The model classes' ``get_mamba_state_{shape,dtype}_from_config`` return the same page, so vLLM
    plans its page padding for it.
 4. Wraps the layer module's spec-row kernel (``vllm_adapter.SPEC_UPDATE``): inside a TreeWY layer the
-   spec rows run ``reconstruct.spec_step`` instead (one fused launch: the pending commit folded into the
-   verify, no host sync, so it runs inside vLLM's CUDA graphs). Everything else of the layer (conv,
-   prefill, merge of outputs) is vLLM's own code; rows that leave the spec path with a pending window
-   are flushed first (``reconstruct.flush_slots``).
+   spec rows run ``reconstruct.vllm_spec_update`` instead, with the same arguments (one launch, as store-all's:
+   it reads the packed window and the raw gates, folds the pending commit into the verify and writes the
+   stash; no host sync, so it runs inside vLLM's CUDA graphs). Everything else of the layer (conv, prefill,
+   merge of outputs) is vLLM's own code; rows that leave the spec path with a pending window are flushed
+   first (``reconstruct.flush_slots``: one launch, no host sync).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import os
 
 from treewy.serve import fp32_prefill
 from treewy.serve import vllm_adapter as adapter
-from treewy.serve.reconstruct import ReconstructPools, flush_slots, spec_step, stash_layout
+from treewy.serve.reconstruct import ReconstructPools, flush_slots, stash_layout, vllm_spec_update
 
 _PATCHED = "_treewy_reconstruct_patched"
 _ACTIVE_LAYER = contextvars.ContextVar("treewy_active_gdn_layer", default=None)
@@ -124,7 +125,6 @@ def _layer_class(gdn):
     from vllm.forward_context import get_forward_context
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    from treewy.ops.gates import gdn_gating
     from treewy.ops.tree_verify.chain import fixed_config
 
     class TreeWYGatedDeltaNetAttention(getattr(gdn, adapter.GDN_LAYER)):
@@ -173,15 +173,8 @@ def _layer_class(gdn):
             finally:
                 _ACTIVE_LAYER.reset(token)
 
-        def treewy_spec_update(self, *, A_log, a, b, dt_bias, q, k, v, cu_seqlens, ssm_state_indices,
-                               num_accepted_tokens, use_qk_l2norm_in_kernel, **_):
-            """Stands in for vLLM's store-all spec kernel: returns (o [1, N, HV, V], None)."""
-            N = q.shape[1]
-            g, beta = gdn_gating(A_log, a[:N], b[:N], dt_bias)
-            B = cu_seqlens.shape[0] - 1
-            o = spec_step(self.treewy_pools(), ssm_state_indices[:B, 0], num_accepted_tokens, q[0], k[0], v[0],
-                          g, beta, cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                          config=self.treewy_config)
-            return o[None], None
+        def treewy_spec_update(self, **kwargs):
+            """Stands in for vLLM's store-all spec kernel (its keyword arguments): returns (o [1, N, HV, V], None)."""
+            return vllm_spec_update(self.treewy_pools(), **kwargs, config=self.treewy_config)
 
     return TreeWYGatedDeltaNetAttention

@@ -3,11 +3,12 @@
 A request owns ONE pool slot per GDN layer (store-all owns 1 + k for a chain of k drafts). The slot
 holds the state committed before the previous verify window and that window's stash: its
 pseudo-values u, keys k, log decays g and length (a ``treewy.ops.PendingCommit`` kept in the pool).
-A spec step is ONE kernel launch per layer: ``tree_verify_fwd(..., pending=, state_indices=)`` reads
-each request's slot, folds the pending commit into the state in registers (the accepted node is
-``num_accepted - 1``), writes the state back once and verifies the new window from it; then the new
-window's u / k / g / length replace the stash (small copies, T x V per head). No host sync: the step
-runs inside CUDA graphs.
+A spec step is ONE kernel launch per layer and nothing else (``spec_step`` / ``spec_step_gated``:
+``treewy.ops.tree_verify.chain.chain_spec_step_kernel``): it reads the packed window and (gated) the
+layer's raw gates, reads each request's slot, folds the pending commit into the state in registers
+(the accepted node is ``num_accepted - 1``), writes the state back once, verifies the new window from
+it and writes the new window's u / k / g / length into the stash. No host sync: the step runs inside
+CUDA graphs. ``flush_slots`` is the same launch without a window. Each has a loop twin (``naive_*``).
 
 Pools (per GDN layer; slots are the engine's block ids; slot 0 is vLLM's NULL block, used by padding
 rows, whose state is read but never written):
@@ -16,14 +17,14 @@ rows, whose state is read but never written):
     u       [slots, T, HV, V] fp32  the pending window's pseudo-values
     k       [slots, T, H, K]  fp32  its raw keys (normalized in the kernel, as vLLM's kernels do)
     g       [slots, T, HV]    fp32  its log decays
-    meta    [slots, 1]        int32 its length; 0 = nothing pending
+    meta    [slots, 1]        int32 its length; 0 = nothing pending (during a launch its high bits count the
+                                    programs that have read the stash: see chain_spec_step_kernel)
 
 Each tensor may be a strided view of a per-slot page (vLLM's layout: slot stride = page size), as
 long as each slot's part is contiguous.
 
 Windows arrive packed (varlen): tokens of request b are ``cu_seqlens[b]:cu_seqlens[b + 1]``; a
-request may carry fewer than T tokens (fewer drafts). They are gathered to [B, T] and back with
-fixed-size index tensors.
+request may carry fewer than T tokens (fewer drafts). The kernel reads them where they are.
 
 The conv1d in front of the layer is not here: vLLM's conv state already keeps a sliding window of
 the last W - 1 + k inputs in one block and reads it at the accepted offset, so the plugin keeps
@@ -36,7 +37,6 @@ from dataclasses import dataclass
 
 import torch
 
-from treewy.ops.pending import PendingCommit
 
 
 @dataclass
@@ -67,11 +67,6 @@ def stash_layout(*, H: int, HV: int, K: int, V: int, max_nodes: int):
     return ((T, HV, V), (T, H, K), (T, HV), (1,)), (torch.float32, torch.float32, torch.float32, torch.int32)
 
 
-def chain_parents(T: int, device) -> torch.Tensor:
-    """int32 [T]: the chain -1, 0, ..., T - 2 (made on the device: legal inside CUDA-graph capture)."""
-    return torch.arange(-1, T - 1, device=device, dtype=torch.int32)
-
-
 def pack_index(cu_seqlens: torch.Tensor, B: int, T: int):
     """Gather / scatter indices between packed tokens and [B, T] windows.
 
@@ -95,69 +90,151 @@ def unpack_index(cu_seqlens: torch.Tensor, B: int, N: int, T: int):
     return row, (j - cu[row]).clamp(min=0, max=T - 1)
 
 
-def _windows(x: torch.Tensor, src: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-    """[N, ...] packed tokens -> contiguous [B, T, ...], zeros past each row's length."""
-    out = x[src]
-    return out * live.reshape(*live.shape, *([1] * (x.dim() - 1))).to(out.dtype)
+def _launch_inputs(pools: ReconstructPools, slots, num_accepted, q, k, v, cu_seqlens, scale):
+    """The kernel's view of a step: contiguous packed inputs (no copy where they are, as vLLM passes them), int32
+    slots and counts, the default scale."""
+    B = slots.shape[0]
+    if cu_seqlens.shape[0] < B + 1:
+        raise ValueError(f"cu_seqlens has {cu_seqlens.shape[0]} entries for {B} slots: expected B + 1 = {B + 1} "
+                         "(pass the spec rows' query_start_loc[:B + 1])")
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    return (q, k, v, cu_seqlens.to(torch.int32), slots.to(torch.int32), num_accepted[:B].to(torch.int32),
+            q.shape[-1] ** -0.5 if scale is None else scale)
 
 
 def spec_step(pools: ReconstructPools, slots: torch.Tensor, num_accepted: torch.Tensor, q, k, v, g, beta,
               cu_seqlens: torch.Tensor, *, scale: float | None = None, use_qk_l2norm_in_kernel: bool = True,
               config=None) -> torch.Tensor:
-    """o [N, HV, V]: TreeWY verify of every request's chain window, the pending commit folded in.
+    """o [N, HV, V]: TreeWY verify of every request's chain window, the pending commit folded in, the new window
+    stashed: one launch (``chain_spec_step_kernel``), no host sync. Reference: ``naive_spec_step``.
 
-    slots int [B] (<= 0: a padding row); num_accepted int [B]: the previous window's accepted count
-    (vLLM's ``num_accepted_tokens``; ignored where nothing is pending); q, k [N, H, K] and v
-    [N, HV, V] packed by ``cu_seqlens`` [B + 1]; g (log decay), beta [N, HV]. ``config``: a
-    ``triton.Config`` of the chain kernel to launch without autotuning (an engine's pool is too
-    large to benchmark configs on: ``treewy.ops.tree_verify.chain.fixed_config``).
+    slots int [B] (<= 0: a padding row: it does nothing and its tokens' outputs are left unwritten, as vLLM's
+    store-all kernel leaves them); num_accepted int [B]: the previous window's accepted count (vLLM's
+    ``num_accepted_tokens``; ignored where nothing is pending); q, k [N, H, K] and v [N, HV, V] packed by
+    ``cu_seqlens`` [B + 1] (int32: a copy otherwise); g (log decay), beta [N, HV]. ``config``: a ``triton.Config``
+    of the chain kernel (BV, FOLD_ROWS, warps, stages; default ``treewy.ops.tree_verify.chain.fixed_config``).
     """
-    from treewy.ops.tree_verify import tree_verify_fwd
+    from treewy.ops.tree_verify.chain import chain_spec_step_fwd
 
-    B, T, N = slots.shape[0], pools.max_nodes, q.shape[0]
-    src, live, lens = pack_index(cu_seqlens, B, T)
-    slot = slots.long().clamp(min=0)
-    real = slots > 0
-    pending_len = pools.meta[slot, 0]
-    accepted = torch.where(real & (pending_len > 0), num_accepted[:B].long() - 1, -1).to(torch.int32)
-    parents = chain_parents(T, q.device)
-    qw, kw, vw = (_windows(x, src, live) for x in (q, k, v))
-    gw, bw = _windows(g.float(), src, live), _windows(beta.float(), src, live)
-    pend = PendingCommit(pools.u, pools.k, pools.g, parents, accepted, use_qk_l2norm_in_kernel)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    o, u = tree_verify_fwd(qw, kw, vw, gw, bw, pools.state, parents, 0, scale, use_qk_l2norm_in_kernel,
-                           num_nodes=lens, pending=pend, kernel="chain", config=config, chain=True,
-                           state_indices=slot.to(torch.int32))
-    pools.u[slot] = u
-    pools.k[slot] = kw.to(pools.k.dtype)
-    pools.g[slot] = gw
-    pools.meta[slot, 0] = torch.where(real, lens, 0)
-    row, col = unpack_index(cu_seqlens, B, N, T)
-    return o[row, col]
+    q, k, v, cu, slots, acc, scale = _launch_inputs(pools, slots, num_accepted, q, k, v, cu_seqlens, scale)
+    return chain_spec_step_fwd(q, k, v, g.contiguous(), beta.contiguous(), None, None, cu, slots, acc, pools.state,
+                               pools.u, pools.k, pools.g, pools.meta, scale, use_qk_l2norm_in_kernel, config=config)
 
 
-def flush_slots(pools: ReconstructPools, slots: torch.Tensor, accepted: int = 0) -> None:
+def spec_step_gated(pools: ReconstructPools, slots: torch.Tensor, num_accepted: torch.Tensor, q, k, v, A_log, a, b,
+                    dt_bias, cu_seqlens: torch.Tensor, *, scale: float | None = None,
+                    use_qk_l2norm_in_kernel: bool = True, softplus_threshold: float = 20.0,
+                    config=None) -> torch.Tensor:
+    """``spec_step`` from the layer's raw gates, as vLLM's fused_sigmoid_gating takes them: a, b [N, HV] (rows past
+    N unused), A_log, dt_bias [HV]; g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b) in the kernel
+    (``treewy.ops.gates.gdn_gating``). Reference: ``naive_spec_step_gated``."""
+    from treewy.ops.tree_verify.chain import chain_spec_step_fwd
+
+    q, k, v, cu, slots, acc, scale = _launch_inputs(pools, slots, num_accepted, q, k, v, cu_seqlens, scale)
+    return chain_spec_step_fwd(q, k, v, a.contiguous(), b.contiguous(), A_log.contiguous(), dt_bias.contiguous(), cu,
+                               slots, acc, pools.state, pools.u, pools.k, pools.g, pools.meta, scale,
+                               use_qk_l2norm_in_kernel, softplus_threshold=softplus_threshold, config=config)
+
+
+def vllm_spec_update(pools: ReconstructPools, *, A_log, a, b, dt_bias, q, k, v, cu_seqlens, ssm_state_indices,
+                     num_accepted_tokens, use_qk_l2norm_in_kernel, config=None, **_):
+    """What the plugin runs in place of vLLM's store-all spec kernel, called with its arguments: (o [1, N, HV, V],
+    None). vLLM's state indices are [B, k + 1] (store-all's blocks); the request's one slot is column 0."""
+    B = cu_seqlens.shape[0] - 1
+    o = spec_step_gated(pools, ssm_state_indices[:B, 0], num_accepted_tokens, q[0], k[0], v[0], A_log, a, b, dt_bias,
+                        cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, config=config)
+    return o[None], None
+
+
+def flush_slots(pools: ReconstructPools, slots: torch.Tensor, accepted: int = 0, *,
+                use_qk_l2norm_in_kernel: bool = True) -> None:
     """Commit the pending window of these slots now (node ``accepted``), leaving nothing pending.
 
-    For rows that leave the spec path with a pending window (vLLM runs them through its prefill or
-    plain-decode kernels, which read the slot's state directly). Eager only: it syncs with the host.
+    For rows that leave the spec path with a pending window (vLLM runs them through its prefill or plain-decode
+    kernels, which read the slot's state directly). One launch, no host sync (slots <= 0 and slots with nothing
+    pending are left as they are), so it runs inside CUDA graphs. Reference: ``naive_flush_slots``.
     """
-    s = slots.long()
-    s = s[s > 0]
-    s = s[pools.meta[s, 0] > 0]
-    if s.numel() == 0:
-        return
-    from treewy.ops.tree_commit import tree_commit_fwd
+    from treewy.ops.tree_verify.chain import chain_spec_step_fwd
 
-    acc = torch.full((s.numel(),), accepted, dtype=torch.int32, device=s.device)
-    state = pools.state[s]
-    tree_commit_fwd(state, pools.u[s], pools.k[s], pools.g[s], chain_parents(pools.max_nodes, s.device), 0, acc,
-                    True)
-    pools.state[s] = state
-    pools.meta[s, 0] = 0
+    chain_spec_step_fwd(None, None, None, None, None, None, None, None, slots.to(torch.int32), None, pools.state,
+                        pools.u, pools.k, pools.g, pools.meta, 1.0, use_qk_l2norm_in_kernel, accepted=accepted)
+
+
+def naive_spec_step(pools: ReconstructPools, slots, num_accepted, q, k, v, g, beta, cu_seqlens, *,
+                    scale: float | None = None, use_qk_l2norm_in_kernel: bool = True,
+                    dtype=torch.float64) -> torch.Tensor:
+    """Reference of ``spec_step`` (same arguments; a loop over rows and nodes in ``dtype``): updates ``pools`` as the
+    kernel does and returns o [N, HV, V] in ``dtype``, NaN for the tokens the kernel leaves unwritten."""
+    B, N = slots.shape[0], q.shape[0]
+    H, HV = q.shape[1], v.shape[1]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    src, live, lens = pack_index(cu_seqlens, B, pools.max_nodes)
+    o = torch.full((N, HV, v.shape[2]), float("nan"), dtype=dtype, device=q.device)
+    norm = _l2norm if use_qk_l2norm_in_kernel else (lambda x: x)
+    for b in range(B):
+        s, L = int(slots[b]), int(lens[b])
+        if s <= 0:
+            continue
+        pending = int(pools.meta[s, 0]) > 0
+        if pending:
+            _commit(pools, s, int(num_accepted[b]) - 1, use_qk_l2norm_in_kernel, dtype)
+        S = pools.state[s].to(dtype)
+        for t in range(L):
+            j = int(src[b, t])
+            kt = norm(k[j].to(dtype)).repeat_interleave(HV // H, 0)          # [HV, K]
+            qt = norm(q[j].to(dtype)).repeat_interleave(HV // H, 0) * scale
+            S = g[j].to(dtype).exp()[:, None, None] * S
+            u = beta[j].to(dtype)[:, None] * (v[j].to(dtype) - torch.einsum("hvk,hk->hv", S, kt))
+            S = S + u[:, :, None] * kt[:, None, :]
+            o[j] = torch.einsum("hvk,hk->hv", S, qt)
+            pools.u[s, t] = u.to(pools.u.dtype)
+            pools.k[s, t] = k[j].to(pools.k.dtype)
+            pools.g[s, t] = g[j].to(pools.g.dtype)
+        pools.meta[s, 0] = L
+    return o
+
+
+def naive_spec_step_gated(pools: ReconstructPools, slots, num_accepted, q, k, v, A_log, a, b, dt_bias, cu_seqlens, *,
+                          scale: float | None = None, use_qk_l2norm_in_kernel: bool = True,
+                          softplus_threshold: float = 20.0, dtype=torch.float64) -> torch.Tensor:
+    """Reference of ``spec_step_gated``: the gates in ``dtype``, then ``naive_spec_step``."""
+    from treewy.ops.gates import gdn_gating
+
+    N = q.shape[0]
+    g, beta = gdn_gating(A_log.to(dtype), a[:N].to(dtype), b[:N].to(dtype), dt_bias.to(dtype), softplus_threshold)
+    return naive_spec_step(pools, slots, num_accepted, q, k, v, g.to(dtype), beta.to(dtype), cu_seqlens, scale=scale,
+                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, dtype=dtype)
+
+
+def naive_flush_slots(pools: ReconstructPools, slots, accepted: int = 0, *, use_qk_l2norm_in_kernel: bool = True,
+                      dtype=torch.float64) -> None:
+    """Reference of ``flush_slots``: each slot > 0 with a pending window commits node ``accepted`` in ``dtype``."""
+    for s in (int(x) for x in slots):
+        if s > 0 and int(pools.meta[s, 0]) > 0:
+            _commit(pools, s, accepted, use_qk_l2norm_in_kernel, dtype)
+            pools.meta[s, 0] = 0
+
+
+def _commit(pools: ReconstructPools, s: int, a: int, use_qk_l2norm_in_kernel: bool, dtype) -> None:
+    """state[s] <- exp(G_a) S0 + sum_{i <= a} exp(G_a - G_i) u_i k_i^T over slot s's stash (a < 0: unchanged)."""
+    if a < 0:
+        return
+    HV, H = pools.u.shape[2], pools.k.shape[2]
+    u, g = pools.u[s, : a + 1].to(dtype), pools.g[s, : a + 1].to(dtype)
+    k = pools.k[s, : a + 1].to(dtype)
+    k = (_l2norm(k) if use_qk_l2norm_in_kernel else k).repeat_interleave(HV // H, 1)    # [a + 1, HV, K]
+    G = g.cumsum(0)
+    S = G[-1].exp()[:, None, None] * pools.state[s].to(dtype)
+    for i in range(a + 1):
+        S = S + (G[-1] - G[i]).exp()[:, None, None] * u[i][:, :, None] * k[i][:, None, :]
+    pools.state[s] = S.to(pools.state.dtype)
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    """fla's l2norm over the last dim (eps 1e-6), in x's dtype: what the kernels apply to q and k."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
 def reset_slots(pools: ReconstructPools, slots: torch.Tensor) -> None:
     """Forget the pending window of these slots (a prefill wrote their state from scratch)."""
-    s = slots.long()
-    pools.meta[s[s > 0], 0] = 0
+    pools.meta[slots.long().clamp(min=0), 0] = 0     # slot 0 (the NULL block) holds nothing: no mask needed

@@ -10,18 +10,32 @@ Grid (V / BV, B * HV), the launch shape of fla's fused_recurrent (state_v_first,
 program reads its [BV, K] state tile once, folds the pending commit (``fold.py``), writes it back, then
 runs the window's nodes one after the other, writing o_t and u_t = beta_t (v_t - exp(g_t) S_{t-1} k_t)
 and no state (the commit stays pending).
+
+``chain_spec_step_kernel``: the same program on a serving engine's pool, the whole GDN spec step in one launch
+(``treewy.serve.reconstruct.spec_step``): it reads the packed (varlen) window by cu_seqlens and, with RAW_GATES,
+the layer's raw gates; it finds each row's pending node from the slot's stash length and vLLM's accepted count,
+and writes the new window's stash (u, k, g, length) into the slot itself.
 """
 
 from __future__ import annotations
 
 from treewy.ops import _triton  # noqa: F401  (sets TRITON_INTERPRET before any kernel is defined)
 
+import torch
+
 import triton
 import triton.language as tl
 
 from treewy.ops._triton import INTERPRET
-from treewy.ops.tree_verify.common import _program, _recurrent_node
-from treewy.ops.tree_verify.fold import FOLD_ROWS, _fold_tile, _pending_key_scale, _pending_path, _request_bases
+from treewy.ops.tree_verify.common import _delta_node, _gates, _program, _recurrent_node
+from treewy.ops.tree_verify.fold import (
+    FOLD_ROWS,
+    _chain_pending_path,
+    _fold_tile,
+    _pending_key_scale,
+    _pending_path,
+    _request_bases,
+)
 from treewy.ops.tree_verify.tuning import AUTOTUNE_EXTRA, KEY, batch_bucket, fit_v, pending_args
 
 
@@ -109,3 +123,118 @@ def chain_fwd(q, k, v, g, beta, state, num_nodes, pending, scale, use_qk_l2norm_
     )
     return o, u
 
+
+#: The slot's stash length lives in the low bits of its meta word; during a launch the high bits count the programs
+#: of the row that have read the stash (``chain_spec_step_kernel``), and are 0 again when it ends.
+LEN_BITS = 8
+#: Elements of the window's keys the row's last program copies into the stash per pass: 512 keeps the kernel at the
+#: registers it needs anyway (72 on sm_90, Triton 3.9, benchmarks/compile_offline.py's compiler; 79 at 1024).
+STASH_COPY = 512
+
+
+@triton.jit(do_not_specialize=["PT", "stride_slots", "stride_s", "stride_pu", "stride_pk", "stride_pg", "stride_meta",
+                               "accepted"])
+def chain_spec_step_kernel(
+    q, k, v, g, beta, A_log, dt_bias, cu_seqlens, slots, num_accepted, o, h0, pu, pk, pg, meta,
+    stride_slots, stride_s, stride_pu, stride_pk, stride_pg, stride_meta, scale, softplus_threshold, accepted, PT,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    BPT: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr, RAW_GATES: tl.constexpr, HAS_TOKENS: tl.constexpr,
+    FOLD_ROWS: tl.constexpr, LEN_BITS: tl.constexpr, STASH_COPY: tl.constexpr,
+):
+    """Row i_b of a spec step: tokens cu_seqlens[i_b]:cu_seqlens[i_b + 1] of the packed q, k, v [N, heads, dim],
+    its state and stash in pool slot slots[i_b] (any stride: a column of vLLM's state indices; <= 0: a padding row,
+    which does nothing, as in vLLM's store-all kernel). Pending node: num_accepted[i_b] - 1 (without HAS_TOKENS: ``accepted``, and no window: a flush) where
+    the slot's stash length is > 0, else none.
+
+    The stash is read by all of the row's programs (keys by every value tile of a key head) and overwritten with the
+    new window, so only the row's last program to have read it writes the keys, the decays and the length: each
+    program adds 1 << LEN_BITS to the meta word once it has folded, and the one that sees every other count there
+    writes (the length store clears the count). Each program writes its own u tile, which no other program reads.
+    """
+    i_v, i_b, i_b64, i_hv, i_h = _program(H, HV)
+    i_s = tl.load(slots + i_b * stride_slots).to(tl.int64)
+    if i_s <= 0:
+        return
+    if HAS_TOKENS:
+        bos = tl.load(cu_seqlens + i_b).to(tl.int64)
+        n_b = (tl.load(cu_seqlens + i_b + 1) - bos).to(tl.int32)
+        a = tl.load(num_accepted + i_b).to(tl.int32) - 1
+    else:
+        bos = i_b64 * 0
+        n_b = 0
+        a = accepted
+    p_meta = meta + i_s * stride_meta
+    n_pend = tl.load(p_meta) & ((1 << LEN_BITS) - 1)
+    if n_pend == 0:
+        if n_b == 0:
+            return
+    a = tl.where(n_pend > 0, a, -1)
+    h0, pu, pk, pg = h0 + i_s * stride_s, pu + i_s * stride_pu, pk + i_s * stride_pk, pg + i_s * stride_pg
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+
+    p_h = h0 + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+    m_h = m_v[:, None] & m_k[None, :]
+    b_h = tl.load(p_h, mask=m_h, other=0).to(tl.float32)
+    o_p, rank, n_path, b_C, b_w = _chain_pending_path(a, i_hv, pg, PT, HV, BPT)
+    b_w = b_w * _pending_key_scale(0, i_h, pk, o_p, rank, PT, H, K, BPT, USE_QK_L2NORM_IN_KERNEL)
+    b_h = _fold_tile(b_h, 0, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, o_p, rank, n_path, b_C, b_w, PT,
+                     H, HV, K, V, FOLD_ROWS, False).to(p_h.dtype.element_ty)
+    if a >= 0:
+        tl.store(p_h, b_h, mask=m_h)
+    b_h = b_h.to(tl.float32)  # verify from exactly the state that is stored
+    tl.debug_barrier()
+    seen = tl.atomic_add(p_meta, 1 << LEN_BITS, sem="acq_rel") >> LEN_BITS
+    last = seen == tl.num_programs(0) * HV - 1
+
+    for t in range(0, n_b):
+        i_row = bos + t
+        b_q = tl.load(q + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_k = tl.load(k + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_v = tl.load(v + (i_row * HV + i_hv) * V + o_v, mask=m_v, other=0).to(tl.float32)
+        if USE_QK_L2NORM_IN_KERNEL:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_g, b_beta = _gates(g, beta, A_log, dt_bias, i_row * HV + i_hv, i_hv, True, softplus_threshold, RAW_GATES)
+        b_h, b_u, b_o = _delta_node(b_h, b_q * scale, b_k, b_v, b_g, b_beta)
+        tl.store(pu + (t * HV + i_hv) * V + o_v, b_u, mask=m_v)
+        tl.store(o + (i_row * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+
+    if last:
+        # the window's raw keys and decays: [n_b, H, K] and [n_b, HV], laid out as in the packed inputs
+        o_c = tl.arange(0, STASH_COPY)
+        for c in range(0, n_b * H * K, STASH_COPY):
+            m_c = c + o_c < n_b * H * K
+            tl.store(pk + c + o_c, tl.load(k + bos * H * K + c + o_c, mask=m_c, other=0).to(tl.float32), mask=m_c)
+        for c in range(0, n_b * HV, STASH_COPY):
+            i_c = c + o_c
+            m_c = i_c < n_b * HV
+            b_g, _ = _gates(g, beta, A_log, dt_bias, bos * HV + i_c, i_c % HV, m_c, softplus_threshold, RAW_GATES)
+            tl.store(pg + i_c, b_g, mask=m_c)
+        tl.store(p_meta, n_b)
+
+
+def chain_spec_step_fwd(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, slots, num_accepted, state, pu, pk, pg, meta,
+                        scale, use_qk_l2norm_in_kernel, *, softplus_threshold=20.0, accepted=0, config=None):
+    """Launch ``chain_spec_step_kernel`` (inputs validated by the caller): returns o [N, HV, V] in v's dtype, the
+    tokens of padding rows (and past cu_seqlens[B]) left unwritten. With q None: a flush (no window; pending node
+    ``accepted``; k, v, g, beta, A_log, dt_bias, cu_seqlens, num_accepted unused). g, beta: the log decays and write
+    strengths [N, HV], or the raw gates a, b with A_log, dt_bias [HV] given."""
+    B = slots.shape[0]
+    HV, V, K = state.shape[1], state.shape[2], state.shape[3]
+    H = pk.shape[2]
+    tokens = q is not None
+    o = torch.empty_like(v) if tokens else None
+    c = dict((config or fixed_config()).all_kwargs())
+    BV = c.pop("BV")
+    chain_spec_step_kernel[(triton.cdiv(V, BV), B * HV)](
+        *((q, k, v, g, beta) if tokens else (state,) * 5), *((A_log, dt_bias) if A_log is not None else (state,) * 2),
+        cu_seqlens if tokens else slots, slots, num_accepted if tokens else slots, o if tokens else state, state,
+        pu, pk, pg, meta, slots.stride(0), state.stride(0), pu.stride(0), pk.stride(0), pg.stride(0), meta.stride(0),
+        scale, softplus_threshold, accepted, pu.shape[1],
+        H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, BPT=triton.next_power_of_2(max(pu.shape[1], 2)),
+        USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, RAW_GATES=A_log is not None, HAS_TOKENS=tokens,
+        LEN_BITS=LEN_BITS, STASH_COPY=STASH_COPY, **c,
+    )
+    return o

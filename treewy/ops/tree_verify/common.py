@@ -61,10 +61,32 @@ def _recurrent_node(b_h, q, k, v, g, beta, i_row, i_h, i_hv, o_k, m_k, o_v, m_v,
     b_q = b_q * scale
     b_beta = tl.load(beta + i_row * HV + i_hv).to(tl.float32)
     b_g = tl.load(g + i_row * HV + i_hv).to(tl.float32)
+    return _delta_node(b_h, b_q, b_k, b_v, b_g, b_beta)
+
+
+@triton.jit
+def _delta_node(b_h, b_q, b_k, b_v, b_g, b_beta):
+    """The gated delta rule step on a [BV, BK] state tile, q scaled and q, k normalized as the kernel wants them:
+    (S_t, u_t, o_t)."""
     b_h *= tl.exp(b_g)
     b_u = b_beta * (b_v - tl.sum(b_h * b_k[None, :], 1))
     b_h += b_u[:, None] * b_k[None, :]
     return b_h, b_u, tl.sum(b_h * b_q[None, :], 1)
+
+
+@triton.jit
+def _gates(g, beta, A_log, dt_bias, i_el, i_hv, mask, softplus_threshold, RAW_GATES: tl.constexpr):
+    """(log decay, write strength) at flat index i_el = token * HV + i_hv (scalars or vectors): loaded from g and beta,
+    or, with RAW_GATES, from the layer's raw gates in g (a) and beta (b) as vLLM's fused_sigmoid_gating computes them:
+    -exp(A_log) * softplus(a + dt_bias), sigmoid(b) (``treewy.ops.gates.gdn_gating``)."""
+    if RAW_GATES:
+        x = tl.load(g + i_el, mask=mask, other=0).to(tl.float32) + tl.load(dt_bias + i_hv, mask=mask,
+                                                                            other=0).to(tl.float32)
+        b_sp = tl.where(x <= softplus_threshold, tl.log(1 + tl.exp(tl.minimum(x, softplus_threshold))), x)
+        b_g = -tl.exp(tl.load(A_log + i_hv, mask=mask, other=0).to(tl.float32)) * b_sp
+        return b_g, tl.sigmoid(tl.load(beta + i_el, mask=mask, other=0).to(tl.float32))
+    return (tl.load(g + i_el, mask=mask, other=0).to(tl.float32),
+            tl.load(beta + i_el, mask=mask, other=0).to(tl.float32))
 
 
 @triton.jit

@@ -65,6 +65,17 @@ def _pending_path(i_b, i_b64, i_hv, pg, ppar, pacc, stride_ppb, PT, HV: tl.const
 
 
 @triton.jit
+def _chain_pending_path(a, i_hv, pg, PT, HV: tl.constexpr, BPT: tl.constexpr):
+    """``_pending_path`` of a chain window (parents t - 1, not stored): the path is slots 0..a, row pg's."""
+    o_p = tl.arange(0, BPT)
+    on = (o_p <= a) & (o_p < PT)
+    b_gp = tl.load(pg + o_p * HV + i_hv, mask=on, other=0).to(tl.float32)
+    b_C = tl.sum(b_gp, 0)
+    b_w = tl.where(on, tl.exp(b_C - tl.cumsum(b_gp, 0)), 0.0)
+    return o_p, tl.where(on, o_p, -1), tl.sum(on.to(tl.int32), 0), b_C, b_w
+
+
+@triton.jit
 def _pending_key_scale(i_b64, i_h, pk, o_p, rank, PT, H: tl.constexpr, K: tl.constexpr, BPT: tl.constexpr,
                        PENDING_L2NORM: tl.constexpr):
     """1 / ||k_i|| for the path's keys when they are normalized in the kernel, else ones [BPT]."""
