@@ -107,14 +107,15 @@ def test_capture_sizes_follow_the_server_and_respect_what_the_user_set():
     assert plan(cudagraph_max_size=512).eager_fallback_possible  # the 2026-11-30 setting, on purpose
     for extra in (["--enforce-eager"], ["-cc", '{"cudagraph_mode": "NONE"}']):
         assert (plan(extra_args=extra).max_size, plan(extra_args=extra).flags) == (0, ())
-    for extra in (["--max-cudagraph-capture-size", "512"], ["-cc", '{"cudagraph_capture_sizes": [8, 512]}'],
+    for extra in (["--max-cudagraph-capture-size", "512"], ["--max_cudagraph_capture_size=512"],
+                  ["--compilation_config", '{"cudagraph_capture_sizes": [8, 512]}'],
                   ["--cudagraph-capture-sizes", "8", "512", "--enforce-eager=false"]):
         p = plan(extra_args=extra)
         assert (p.max_size, p.flags, p.eager_fallback_possible) == (512, (), True), extra
     with pytest.raises(ServeError, match="keep one of them"):
         plan(cudagraph_max_size=256, extra_args=["--max-cudagraph-capture-size", "512"])
     with pytest.raises(ServeError, match="one JSON object"):
-        plan(extra_args=["-cc.max_cudagraph_capture_size=512"])
+        plan(extra_args=["--compilation_config.max_cudagraph_capture_size=512"])
     with pytest.raises(ServeError, match="expected a JSON object"):
         plan(extra_args=["--compilation-config", "[1]"])
 

@@ -85,13 +85,24 @@ def _binding_flag(arg: str) -> str | None:
     return next((f"--{flag}" for flag in ("host", "port") if len(name) >= 2 and flag.startswith(name)), None)
 
 
+def _flag_name(arg: str) -> str:
+    """An argument's flag as vLLM reads it: underscores in a ``--`` name are dashes (up to a first dot)."""
+    name = arg.split("=", 1)[0]
+    if not name.startswith("--"):
+        return name
+    head, dot, tail = name.partition(".")
+    return head.replace("_", "-") + dot + tail
+
+
 def extra_value(args: list[str], flag: str) -> str | None:
     """The value the last ``flag X`` or ``flag=X`` among vLLM's extra arguments gives (None when absent)."""
     value = None
     for i, a in enumerate(args):
-        if a.startswith(flag + "="):
+        if _flag_name(a) != flag:
+            continue
+        if "=" in a:
             value = a.split("=", 1)[1]
-        elif a == flag and i + 1 < len(args):
+        elif i + 1 < len(args):
             value = args[i + 1]
     return value
 
@@ -143,7 +154,7 @@ class CapturePlan:
 
 def _compilation_config(args: list[str]) -> tuple[str | None, dict]:
     for a in args:
-        if a.startswith(("--compilation-config.", "-cc.", "-O.")):
+        if _flag_name(a).startswith(("--compilation-config.", "-cc.")):
             raise ServeError(f"extra vLLM argument {a!r}: pass the compilation config as one JSON object "
                              "(--compilation-config '{...}'), so that the launcher can see its CUDA graph settings")
     text = next((v for v in (extra_value(args, f) for f in COMPILATION_FLAGS) if v is not None), None)
@@ -168,7 +179,8 @@ def capture_plan(opts: ServeOptions) -> CapturePlan:
     k, args = opts.num_speculative_tokens, opts.extra_args
     needed = opts.max_num_seqs * (1 + k)
     cc_text, cc = _compilation_config(args)
-    eager = next((a == "--enforce-eager" for a in reversed(args) if a in ("--enforce-eager", "--no-enforce-eager")),
+    names = [_flag_name(a) for a in args]
+    eager = next((f == "--enforce-eager" for f in reversed(names) if f in ("--enforce-eager", "--no-enforce-eager")),
                  False)
     if eager or str(cc.get("cudagraph_mode", "")).upper() == "NONE":
         return CapturePlan(needed, 0, (), cc_text, "CUDA graphs off (--enforce-eager or cudagraph_mode NONE)")
@@ -207,15 +219,16 @@ def _flag_values(args: list[str], flag: str):
     argument after ``flag`` up to the next option (``--cudagraph-capture-sizes 1 2 4`` gives a list); None when
     absent."""
     for i in range(len(args) - 1, -1, -1):
-        if args[i].startswith(flag + "="):
+        if _flag_name(args[i]) != flag:
+            continue
+        if "=" in args[i]:
             return args[i].split("=", 1)[1]
-        if args[i] == flag:
-            vals = []
-            for b in args[i + 1:]:
-                if b.startswith("-"):
-                    break
-                vals.append(b)
-            return vals
+        vals = []
+        for b in args[i + 1:]:
+            if b.startswith("-"):
+                break
+            vals.append(b)
+        return vals
     return None
 
 
