@@ -109,7 +109,7 @@ def test_capture_sizes_follow_the_server_and_respect_what_the_user_set():
         assert (plan(extra_args=extra).max_size, plan(extra_args=extra).flags) == (0, ())
     for extra in (["--max-cudagraph-capture-size", "512"], ["--max_cudagraph_capture_size=512"],
                   ["--compilation_config", '{"cudagraph_capture_sizes": [8, 512]}'],
-                  ["--cudagraph-capture-sizes", "8", "512", "--enforce-eager=false"]):
+                  ["--cudagraph-capture-sizes", "8", "512", "--no-enforce-eager"]):
         p = plan(extra_args=extra)
         assert (p.max_size, p.flags, p.eager_fallback_possible) == (512, (), True), extra
     with pytest.raises(ServeError, match="keep one of them"):
