@@ -10,6 +10,8 @@ from treewy.ops import (
     naive_tree_commit, naive_tree_conv1d, naive_tree_conv1d_commit, naive_tree_recurrent, naive_tree_verify,
     store_all_commit, store_all_verify, tree_commit, tree_conv1d, tree_conv1d_commit, tree_verify,
 )
+from treewy.ops.parity import O_TF32_TOL
+from treewy.ops.tree_verify import default_dot_precision
 from treewy.testing import assert_close_fp32 as close
 from treewy.tree import DraftTree
 
@@ -355,7 +357,10 @@ def test_largest_tree_and_64bit_state_offsets():
     torch.backends.cuda.matmul.allow_tf32 = False
     o, u = tree_verify(*ins, parents)
     (ro, ru), (ro32, ru32) = refs(naive_tree_verify, ins, parents)
-    close("o", o, ro, ro32)
+    if default_dot_precision("cuda") == "tf32":   # the outputs take one tf32 pass (they feed only bf16 outputs)
+        assert rel(o, ro) < O_TF32_TOL
+    else:
+        close("o", o, ro, ro32)
     close("u", u, ru, ru32)
     # a state whose batch stride times the batch index passes 2**31 elements
     step = 2 ** 31 // (HV * V * K) + 1

@@ -85,12 +85,13 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows))
     ok = all(r["ok"] for r in rows)
     if args.kernels:
-        from treewy.ops.parity import BF16_FACTOR, kernel_parity_rows
+        from treewy.ops.parity import BF16_FACTOR, O_TF32_TOL, kernel_parity_rows
         from treewy.testing import FP32_FACTOR
 
         krows = kernel_parity_rows(quick=True)
         print("\nkernels vs fp64 reference; ref_err: the reference's own error run in the row's dtype; bound: "
-              f"{FP32_FACTOR:g} x ref_err in fp32, {BF16_FACTOR:g} x in bf16")
+              f"{FP32_FACTOR:g} x ref_err in fp32, {BF16_FACTOR:g} x in bf16 (fp32 o through one tf32 pass: "
+              f"{O_TF32_TOL:g})")
         print(format_table(krows))
         ok = ok and all(r["ok"] for r in krows)
     print(f"\n{'PASS' if ok else 'FAIL'} in {time.perf_counter() - t0:.1f} s")

@@ -4,7 +4,8 @@ On a GPU the kernels run natively (tf32 off); on CPU under the Triton interprete
 set stays small (a few seconds). Errors are relative RMS against the fp64 reference on the kernel's own
 inputs (drawn in fp32). Each row also gives ``ref_err``, the error of the same reference run in the row's
 dtype: fp32 rows must stay within FP32_FACTOR times it (``treewy.testing.fp32_bound``), bf16 rows within
-twice it.
+twice it. Where the tree kernels take their outputs o through one tf32 pass (GPUs, by default), the fp32 o
+rows are bounded by O_TF32_TOL instead.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from treewy.tree import DraftTree, path_depth
 
 #: A bf16 kernel may be this many times the error of its reference run in bf16.
 BF16_FACTOR = 2.0
+#: The outputs' bound where Q S^T takes one tf32 pass (they feed only bf16 outputs; measured 7.0e-4 on the
+#: H200); u and the states stay fp32-accurate.
+O_TF32_TOL = 3e-3
 
 
 def bound(dtype, ref_err: float) -> float:
@@ -61,17 +65,20 @@ def kernel_parity_rows(device=None, quick: bool = True) -> list[dict]:
         naive_tree_step, naive_tree_verify, store_all_verify, tree_commit, tree_conv1d, tree_conv1d_commit,
         tree_verify,
     )
+    from treewy.ops.tree_verify import default_dot_precision
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     on_gpu = device.type == "cuda"
     if on_gpu:
         torch.backends.cuda.matmul.allow_tf32 = False
     dtypes = (torch.float32, torch.bfloat16) if on_gpu else (torch.float32,)
+    tf32 = default_dot_precision(device) == "tf32"
     rows = []
     f32 = torch.float32
     for shape, tree, B, H, HV, K, V in _cases(quick, on_gpu):
         T = tree.num_nodes
-        row = lambda op, dt, err, ref_err: _row(op, shape, dt, B, T, H, HV, K, V, err, ref_err)  # noqa: E731
+        o_tf32 = tf32 and tree.max_depth < T - 1   # the tree kernels' outputs take one tf32 pass, the chain's not
+        row = lambda op, dt, *errs: _row(op, shape, dt, B, T, H, HV, K, V, *errs)  # noqa: E731
         x = random_gdn_inputs(tree, B=B, H=H, HV=HV, K=K, V=V, seed=T, device=device, g_min=-1.0, dtype=f32)
         x.initial_state *= 0.3
         x64 = x.to(dtype=torch.float64)
@@ -81,7 +88,8 @@ def kernel_parity_rows(device=None, quick: bool = True) -> list[dict]:
             xd.initial_state = x.initial_state
             bo, bu = naive_tree_verify(*x.to(dtype=dt).args())   # the reference run in dt (bf16: state too)
             o, u = tree_verify(*xd.args())
-            rows.append(row("tree_verify o", dt, rel_err(o, ro), rel_err(bo, ro)))
+            rows.append(row("tree_verify o", dt, rel_err(o, ro), rel_err(bo, ro),
+                            O_TF32_TOL if o_tf32 and dt == f32 else None))
             rows.append(row("tree_verify u", dt, rel_err(u, ru), rel_err(bu, ru)))
             if dt != f32:
                 continue
@@ -102,7 +110,8 @@ def kernel_parity_rows(device=None, quick: bool = True) -> list[dict]:
             r64 = naive_tree_step(*x64.args(), pending=PendingCommit(ru, x64.k, x64.g, x.parents, acc))
             r32 = naive_tree_step(*x.args(), pending=PendingCommit(bu, x.k, x.g, x.parents, acc))
             for name, out, a64, a32 in zip(("o", "u", "state"), (o2, u2, st), r64, r32):
-                rows.append(row(f"tree_verify + pending {name}", dt, rel_err(out, a64), rel_err(a32, a64)))
+                rows.append(row(f"tree_verify + pending {name}", dt, rel_err(out, a64), rel_err(a32, a64),
+                                O_TF32_TOL if o_tf32 and name == "o" else None))
             so, states = store_all_verify(*x.args())
             r64, r32 = naive_tree_recurrent(*x64.args()), naive_tree_recurrent(*x.args())
             for name, out, a64, a32 in zip(("o", "states"), (so, states), r64, r32):
@@ -131,6 +140,7 @@ def node_errors(tree: DraftTree, B: int = 2, H: int = 2, HV: int = 4, K: int = 1
     relative RMS against the fp64 recurrence (the store-all truth) on the kernel's inputs (drawn in fp32), with
     the bound that applies (``bound``: from the recurrence itself run in ``dtype``)."""
     from treewy.ops import naive_tree_recurrent, tree_commit, tree_verify
+    from treewy.ops.tree_verify import default_dot_precision
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     x = random_gdn_inputs(tree, B=B, H=H, HV=HV, K=K, V=V, seed=seed, device=device, g_min=-1.0,
@@ -139,6 +149,8 @@ def node_errors(tree: DraftTree, B: int = 2, H: int = 2, HV: int = 4, K: int = 1
     xd = x.to(dtype=dtype)
     xd.initial_state = x.initial_state
     low = naive_tree_recurrent(*x.to(dtype=dtype).args())  # the reference run in dtype (bf16: state too)
+    o_tf32 = (dtype == torch.float32 and default_dot_precision(device) == "tf32"   # the tree kernels' o: one
+              and tree.max_depth < tree.num_nodes - 1)                            # tf32 pass
     o, u = tree_verify(*xd.args())
     depth = tree.depth.tolist()
     rows = []
@@ -147,7 +159,7 @@ def node_errors(tree: DraftTree, B: int = 2, H: int = 2, HV: int = 4, K: int = 1
         tree_commit(st, u, xd.k, xd.g, xd.parents, torch.full((B,), a, device=device))
         rows.append({"node": a, "depth": depth[a], "o_err": rel_err(o[:, a], ro[:, a]),
                      "state_err": rel_err(st, rstates[:, a]),
-                     "o_tol": bound(dtype, rel_err(low[0][:, a], ro[:, a])),
+                     "o_tol": O_TF32_TOL if o_tf32 else bound(dtype, rel_err(low[0][:, a], ro[:, a])),
                      "state_tol": bound(dtype, rel_err(low[1][:, a], rstates[:, a]))})
     return rows
 
