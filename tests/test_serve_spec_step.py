@@ -164,3 +164,25 @@ def test_spec_step_is_one_launch_and_no_torch_op(monkeypatch):
         with count.reconstruct_kernels(stub=True):
             ops, syncs = count.launches(fn)
         assert [k for k, _ in ops] == ["kernel chain_spec_step_kernel"] and not syncs, f"{what}: {ops}, {syncs}"
+
+
+def test_engine_profile_tables_sum_kernels_per_layer_kind():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import profile_serving_step as prof
+
+    assert prof.layer_kind("chain_spec_step_kernel") == prof.layer_kind(
+        "fused_sigmoid_gating_delta_rule_update_kernel") == "gdn spec step"
+    assert prof.layer_kind("_causal_conv1d_update_kernel") == "gdn conv"
+    assert prof.layer_kind("fused_moe_kernel") == "moe" and prof.layer_kind("nvjet_tst_128x64") == "gemm"
+    assert prof.layer_kind("some_new_kernel") == "other"
+    events = [("chain_spec_step_kernel", 5.0)] * 60 + [("fused_moe_kernel", 20.0)] * 80 + [("zz", 1.0)] * 2
+    t = prof.kernel_table(events, steps=2)
+    assert t["kinds"] == {"moe": 800.0, "gdn spec step": 150.0, "other": 1.0}
+    assert t["kernels"]["chain_spec_step_kernel"] == dict(kind="gdn spec step", us_per_step=150.0,
+                                                          launches_per_step=30.0)
+    meta = dict(acceptance_rates="0.8", device="h200", date="d", how="h")
+    reports = [dict(meta=dict(meta, mode=m), batches={"16": dict(step_ms_median=ms, **t)})
+               for m, ms in (("reconstruct", 20.0), ("store_all", 21.0))]
+    text = prof.engine_text(reports)
+    assert "B = 16: host step (ms) store_all 21.00, reconstruct 20.00" in text
+    assert "gdn spec step" in text and "150.0" in text
