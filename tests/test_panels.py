@@ -5,6 +5,7 @@ import re
 import polars as pl
 import pytest
 
+from treewy_lab.frames import PAPER_SOURCE
 from treewy_lab.panels import PseudoValuePanel, TreePanel
 
 
@@ -87,7 +88,10 @@ def test_serving_panel_follows_memory_and_labels_simulated():
     assert "gmu 0.90" in p.charts["curves"].chart.to_dict()["title"]["text"][0]
     assert admitted() > before  # more memory admits more store-all requests
     sources = set(p.frames["ratios"]["source"])
-    assert sources == {"simulated", "paper (B200, measured)"}
+    assert sources == {"SIMULATED"}       # the paper's ratios are at gmu 0.6
+    p.set(gmu=0.6)
+    p.run_button.click()
+    assert set(p.frames["ratios"]["source"]) == {"SIMULATED", PAPER_SOURCE}
 
 
 def test_serving_panel_overlays_only_measured_rows_of_the_same_configuration(tmp_path):
@@ -107,7 +111,10 @@ def test_serving_panel_overlays_only_measured_rows_of_the_same_configuration(tmp
     p = ServingPanel(measured_dirs=(tmp_path,), concurrency=(8,), gpu="h200", workload="balanced-chat")
     measured = p.frames["measured"]
     assert measured.height == 2 and set(measured["mode"]) == {"store_all", "reconstruct"}
-    assert "vLLM measured (NVIDIA H200, 2026-12-01)" in set(p.frames["curves"]["source"])
+    label = "vLLM measured: NVIDIA H200, 2026-12-01, weights not recorded, acceptance: real"
+    assert label in set(p.frames["curves"]["source"])
+    ratios = p.frames["ratios"].filter(source=label, metric="peak KV usage reduction")   # measured ratios too
+    assert ratios["ratio"].to_list() == [1.0] and ratios["concurrency"].to_list() == [8]
     p.set(gmu=0.9)
     p.run_button.click()
     assert p.frames["measured"].height == 1 and p.frames["measured"]["gmu"].item() == 0.9
@@ -120,7 +127,8 @@ def test_serving_panel_overlays_the_committed_h200_sweep_with_its_settings():
                      acceptance="none (dummy weights)", step_costs="fitted: H200, vLLM 0.26, decode graphs")
     measured = p.frames["measured"]
     assert measured.height == 12 and set(measured["weights"]) == {"dummy"}   # generation-short, c1-c256, both modes
-    assert "vLLM measured (H200, 2026-11-30, dummy weights)" in set(p.frames["curves"]["source"])
+    label = ("vLLM measured: H200, 2026-11-30, dummy weights, acceptance: real (dummy weights: none accepted)")
+    assert label in set(p.frames["curves"]["source"]) and label in set(p.frames["ratios"]["source"])
     sim = p.frames["simulated"].filter(pl.col("concurrency") == 128).sort("mode")
     real = measured.filter(pl.col("concurrency") == 128).sort("mode")
     assert sim["peak_running"].to_list() == real["peak_running"].to_list() == [128, 48]

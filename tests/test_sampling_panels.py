@@ -1,4 +1,4 @@
-"""Notebook 04's panels headless: the decode follows the temperature slider, the temperature sweep runs live
+"""Notebook 04's panels headless: the decode waits for Run whatever control changed, the temperature sweep runs live
 beside the committed one, and the acceptance chart's legend keeps full labels and fixed colours."""
 
 import polars as pl
@@ -9,7 +9,8 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_decode_panel_follows_the_temperature_slider():
+def test_decode_panel_waits_for_run_and_says_so():
+    from treewy_lab.panels.base import STALE
     from treewy_lab.panels.sweep import DecodePanel
     from treewy.decode import generate
     from treewy.models.tokenizer import encode
@@ -19,11 +20,16 @@ def test_decode_panel_follows_the_temperature_slider():
     greedy = generate(p.cached("model", None), [encode(p.controls["prompt"].value)], max_new_tokens=16)
     assert p.result.tokens == greedy.tokens
     assert p.progress.value == p.progress.max > 0
-    p.set(rule="rrs")                # other controls wait for Run...
-    assert p.result.sampling is None
-    p.set(temperature=1.0)           # ...the slider decodes again when released
-    assert p.result.sampling.temperature == 1.0 and p.result.sampling.rule == "rrs"
-    assert "sampled (rrs, seed 0)" in p.status.value and "tokens per step" in p.status.value
+    first = p.result
+    for name, value in dict(temperature=1.0, rule="rrs", drafter="ngram", tree="tree (2, 2, 1)", seed=3,
+                            tokens=24, prompt="x = ").items():
+        p.status.value = ""
+        p.set(**{name: value})           # every control, the temperature slider too, waits for Run...
+        assert p.status.value == STALE and p.result is first, name
+    p.set(drafter="mtp", tree="chain (1, 1, 1)", tokens=16, prompt="def fibonacci(n):\n    ")
+    p.run_button.click()                 # ...and Run decodes with all of them
+    assert p.result.sampling.temperature == 1.0 and p.result.sampling.rule == "rrs" and p.result.sampling.seed == 3
+    assert "sampled (rrs, seed 3)" in p.status.value and "tokens per step" in p.status.value
     assert "<pre" in p.text.value
 
 

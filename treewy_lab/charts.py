@@ -80,6 +80,11 @@ SERVING_METRICS = {"peak_kv_usage": "peak KV-pool usage", "peak_running": "admit
                    "output_throughput": "output throughput (tok/s)", "p99_ttft_ms": "p99 TTFT (ms)"}
 
 
+def _dash_scale(sources) -> alt.Scale:
+    """Dashes by role (``ROLE_STYLES``) for the curves' ``source`` ("SIMULATED", "vLLM measured ...")."""
+    return _role_scales(sources)[1]
+
+
 def serving_curves_chart(curves: pl.DataFrame, knee: int | None, title: str | list[str],
                          notes: Sequence[str] = ()) -> alt.VConcatChart:
     """Four panels against offered concurrency, one line per (mode, source); the knee as a rule; legends below.
@@ -95,7 +100,10 @@ def serving_curves_chart(curves: pl.DataFrame, knee: int | None, title: str | li
             y=alt.Y("value:Q", title=label, scale=alt.Scale(type="log") if metric == "p99_ttft_ms" else alt.Scale()),
             color=alt.Color("mode:N", scale=MODE_COLORS, title="mode",
                             legend=alt.Legend(labelExpr=MODE_LABELS, orient="bottom")),
-            strokeDash=alt.StrokeDash("source:N", title="source", legend=alt.Legend(orient="bottom", labelLimit=0)),
+            strokeDash=alt.StrokeDash("source:N", title="source", scale=_dash_scale(data["source"].to_list()),
+                                      legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=0,
+                                                        symbolType="stroke", symbolStrokeWidth=2, symbolSize=400,
+                                                        symbolStrokeColor="#444", labelExpr=_DASH_LABEL)),
             tooltip=["source:N", "mode:N", "concurrency:Q", alt.Tooltip("value:Q", format=",.3g")],
         )
         layer = base.mark_line() + base.mark_point(filled=True, size=40)
@@ -107,17 +115,69 @@ def serving_curves_chart(curves: pl.DataFrame, knee: int | None, title: str | li
         title=alt.Title(title, subtitle=list(notes)))
 
 
-def ratio_chart(ratios: pl.DataFrame, title: str) -> alt.FacetChart:
-    """TreeWY / store-all per metric and concurrency, three facets a row; ``source`` (legend below, never cut)
-    separates ours from the paper's."""
-    line = alt.Chart().mark_line(point=True).encode(
-        x=alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrent requests"),
-        y=alt.Y("ratio:Q", title="TreeWY / store-all"),
-        color=alt.Color("source:N", title="> 1 favours TreeWY", legend=alt.Legend(orient="bottom", labelLimit=0)),
-        tooltip=["source:N", "metric:N", "concurrency:Q", alt.Tooltip("ratio:Q", format=".2f")])
-    one = alt.Chart().mark_rule(color="#999").encode(y=alt.datum(1.0))
-    return alt.layer(line, one, data=ratios).properties(width=180, height=120).facet(
-        facet=alt.Facet("metric:N", title=None), columns=3).properties(title=title)
+#: Ratio charts: the source's role (its label's start) fixes its colour and dash, whatever else is drawn. No role
+#: takes the modes' colours (store-all orange, TreeWY green): these lines are ratios of the two.
+ROLE_STYLES = {"SIMULATED": (["#7570b3", "#a6a1d6"], [1, 0], "solid"),
+               "vLLM measured": (["#222222", "#e7298a", "#a6761d"], [6, 3], "dashed"),
+               "paper": (["#999999"], [2, 2], "dotted")}
+RATIO_METRICS = ("output throughput", "peak KV usage reduction", "p99 TTFT speedup", "TPOT speedup",
+                 "peak admitted requests")
+
+
+def role_of(source: str) -> str:
+    """The role of a ratio source label: its start, one of ROLE_STYLES (a label that fits none is refused)."""
+    for role in ROLE_STYLES:
+        if source.startswith(role):
+            return role
+    raise ValueError(f"source = {source!r}: a ratio source label starts with one of {list(ROLE_STYLES)}")
+
+
+def _role_scales(sources) -> tuple[alt.Scale, alt.Scale]:
+    domain, colors, dashes = [], [], []
+    for role, (palette, dash, _) in ROLE_STYLES.items():
+        mine = sorted(s for s in set(sources) if role_of(s) == role)
+        domain += mine
+        colors += [palette[i % len(palette)] for i in range(len(mine))]
+        dashes += [dash] * len(mine)
+    return alt.Scale(domain=domain, range=colors), alt.Scale(domain=domain, range=dashes)
+
+
+#: The legend spells out each line's dash: colour alone does not tell a printed page's lines apart.
+_DASH_LABEL = "(" + " : ".join(f"indexof(datum.label, '{role}') == 0 ? '{name}: '" for role, (_, _, name) in
+                               ROLE_STYLES.items()) + " : '') + datum.label"
+
+
+def ratio_chart(ratios: pl.DataFrame, title: str | list[str], subtitle: Sequence[str] = ()) -> alt.VConcatChart:
+    """TreeWY / store-all against concurrency, one small chart per metric in RATIO_METRICS order (three a row),
+    each with its own log y scale (a TTFT gain of 100 and a TPOT ratio of 1.02 both stay readable); one line per
+    source, coloured and dashed by role (``ROLE_STYLES``: simulated solid, measured dashed, the paper dotted), the
+    legend below saying which is which. ratios: (concurrency, metric, ratio, source)."""
+    color, dash = _role_scales(ratios["source"].to_list())
+    legend = alt.Legend(orient="bottom", direction="vertical", labelLimit=0, title="> 1 favours TreeWY",
+                        symbolType="stroke", symbolStrokeWidth=2, symbolSize=400, labelExpr=_DASH_LABEL)
+    data = ratios.filter(pl.col("ratio").is_not_null() & (pl.col("ratio") > 0))   # a log scale has no 0
+    x = alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrent requests")
+    charts = []
+    for metric in (m for m in RATIO_METRICS if m in set(data["metric"])):
+        part = data.filter(pl.col("metric") == metric)
+        line = alt.Chart(part).mark_line(point=True, strokeWidth=1.5).encode(
+            x=x, y=alt.Y("ratio:Q", title="TreeWY / store-all", scale=alt.Scale(type="log", nice=False, padding=8)),
+            color=alt.Color("source:N", scale=color, legend=legend),
+            strokeDash=alt.StrokeDash("source:N", scale=dash, legend=legend),
+            tooltip=["source:N", "metric:N", "concurrency:Q", alt.Tooltip("ratio:Q", format=".3g")])
+        one = alt.Chart(part).mark_rule(color="#bbb").encode(y=alt.datum(1.0))
+        charts.append((one + line).properties(width=170, height=120, title=metric))
+    rows = [alt.hconcat(*charts[i:i + 3]) for i in range(0, len(charts), 3)]
+    return alt.vconcat(*rows).properties(title=alt.Title(title, subtitle=list(subtitle)))
+
+
+def ratio_charts_by_gmu(ratios: pl.DataFrame, title: str, notes: dict[float, Sequence[str]] | None = None
+                        ) -> alt.VConcatChart:
+    """One ``ratio_chart`` per gpu-memory-utilization in ratios' ``gmu`` column, lowest first; ``notes[gmu]``:
+    lines under that chart's title (the configuration, which rows are measured)."""
+    charts = [ratio_chart(part.drop("gmu"), f"{title} · gmu {gmu:.2f}", (notes or {}).get(gmu, ()))
+              for (gmu,), part in ratios.sort("gmu").group_by("gmu", maintain_order=True)]
+    return alt.vconcat(*charts, spacing=30)
 
 
 PROVIDER_COLORS = alt.Scale(domain=["treewy", "store_all", "fla"], range=["#1b9e77", "#d95f02", "#7570b3"])
@@ -189,7 +249,7 @@ def acceptance_chart(acc: pl.DataFrame, title: str) -> alt.LayerChart:
     base = alt.Chart(acc).encode(x=alt.X("N:Q", title="draft nodes N"), color=color)
     points = base.mark_point(filled=True, size=60).encode(
         y=alt.Y("acceptance:Q", title="tokens per step (acceptance length)", scale=alt.Scale(zero=False)),
-        shape=alt.Shape("kind:N", title=None),
+        shape=alt.Shape("kind:N", title=None, scale=alt.Scale(domain=["tree", "chain"], range=["circle", "square"])),
         tooltip=["source:N", "drafter:N", "shape:N", "N:Q", alt.Tooltip("acceptance:Q", format=".2f"),
                  alt.Tooltip("acceptance_lo:Q", format=".2f"), alt.Tooltip("acceptance_hi:Q", format=".2f")])
     lines = base.mark_line(opacity=0.5).encode(y="acceptance:Q", detail="kind:N")

@@ -97,9 +97,38 @@ def ratios_frame(ratios: pl.DataFrame, source: str) -> pl.DataFrame:
         source=pl.lit(source))
 
 
+PAPER_SOURCE = "paper: B200, measured, geomean of five full-length workloads"
+
+
 def paper_ratios_frame(paper: dict[str, tuple[float, ...]], concurrencies) -> pl.DataFrame:
-    return pl.DataFrame([{"concurrency": c, "metric": m, "ratio": v, "source": "paper (B200, measured)"}
+    return pl.DataFrame([{"concurrency": c, "metric": m, "ratio": v, "source": PAPER_SOURCE}
                          for m, vals in paper.items() for c, v in zip(concurrencies, vals)])
+
+
+def acceptance_label(weights: str | None, acceptance_source: str | None) -> str:
+    """What decided a measured run's acceptance, in words: vLLM's synthetic acceptance (treewy.serve.acceptance)
+    or the drafts' real one, which with dummy weights accepts nothing."""
+    if acceptance_source not in (None, "none"):
+        return f"acceptance: synthetic ({acceptance_source})"
+    return "acceptance: real (dummy weights: none accepted)" if weights == "dummy" else "acceptance: real"
+
+
+def measured_label(device: str, date: str, weights: str | None, acceptance_source: str | None = None) -> str:
+    """A measured serving series' legend label: device, date, weights and acceptance."""
+    said = {"dummy": "dummy weights", "real": "real weights", None: "weights not recorded"}.get(weights, weights)
+    return f"vLLM measured: {device}, {date}, {said}, {acceptance_label(weights, acceptance_source)}"
+
+
+#: What identifies one measured run of a serving table; the acceptance column is absent from older tables.
+RUN_KEYS = ("device", "date", "weights", "acceptance_source")
+
+
+def measured_runs(measured: pl.DataFrame):
+    """(label, rows) per measured run (device, date, weights, acceptance) in ``measured``, in table order."""
+    if "acceptance_source" not in measured.columns:
+        measured = measured.with_columns(acceptance_source=pl.lit(None, pl.String))
+    for (device, date, weights, acc), part in measured.group_by(*RUN_KEYS, maintain_order=True):
+        yield measured_label(device, date, weights, acc), part
 
 
 def node_errors_frame(rows: list[dict]) -> pl.DataFrame:

@@ -14,9 +14,13 @@ from treewy_lab.setup import EMBED_OPTIONS
 
 class Panel:
     """Subclasses build ``self.controls`` (name -> widget) and ``self.charts`` (name -> JupyterChart),
-    wire them with ``observe`` in ``__init__`` and implement ``update()``; ``set(**values)`` drives
-    the panel headless (tests) exactly as a user would. A panel whose update takes under a second redraws
-    on every change; a slower one has a Run button and waits for it (``wait_for_run``)."""
+    wire them in ``__init__`` and implement ``update()``; ``set(**values)`` drives the panel headless (tests)
+    exactly as a user would.
+
+    The one rule every panel keeps (notebook 00 states it for readers): a panel whose update takes under a
+    second redraws on every change (``redraw_on_change``); a slower one has a Run button, and a changed control
+    only says in the status line that the charts are out of date until Run recomputes (``wait_for_run``). A slow
+    panel is on screen before its first run (``first_run``), so its progress and status show while it works."""
 
     title = ""
 
@@ -28,6 +32,8 @@ class Panel:
         self.out = w.Output()
         self.error: Exception | None = None
         self._cache: dict[Hashable, object] = {}
+        self._chart_box = w.HBox(layout=w.Layout(flex_flow="row wrap"))
+        self._shown_early = False
 
     def cached(self, key: Hashable, compute: Callable[[], object]):
         """Compute once per key (tree shape, model, budget...)."""
@@ -50,15 +56,28 @@ class Panel:
     def update(self) -> None:
         raise NotImplementedError
 
+    def redraw_on_change(self) -> None:
+        """For panels whose update takes under a second: every changed control redraws."""
+        for c in self.controls.values():
+            c.observe(self.refresh, names="value")
+
     def wait_for_run(self) -> None:
         """For panels whose update takes over a second: a changed control only says so in the status line, and
         the Run button (``self.run_button``) recomputes."""
         def stale(_):
-            self.status.value = "settings changed: press <b>Run</b> to update the charts"
+            self.status.value = STALE
 
         for c in self.controls.values():
             c.observe(stale, names="value")
         self.run_button.on_click(self.refresh)
+
+    def first_run(self) -> None:
+        """The first update of a slow panel: in a notebook the panel is displayed first, so its status line and
+        progress bar show while it works (the cell's own display of the panel then adds nothing)."""
+        if _in_kernel():
+            display(self.layout())
+            self._shown_early = True
+        self.refresh()
 
     def set(self, **values) -> Panel:
         """Set controls by name (each change runs the panel as the widget would); then refresh once."""
@@ -75,14 +94,32 @@ class Panel:
             self.charts[name].chart = chart
         else:
             self.charts[name] = alt.JupyterChart(chart, embed_options=EMBED_OPTIONS)
+            self._chart_box.children = tuple(self.charts.values())
 
     def layout(self) -> w.Widget:
         """Title, controls (with the Run button and progress bar of panels that have them), charts, status, Output."""
         header = [w.HTML(f"<b>{self.title}</b>")] if self.title else []
         extras = [x for x in (getattr(self, "run_button", None), getattr(self, "progress", None)) if x is not None]
         wrap = w.Layout(flex_flow="row wrap")
-        return w.VBox([*header, w.HBox([*self.controls.values(), *extras], layout=wrap),
-                       w.HBox(list(self.charts.values()), layout=wrap), self.status, self.out])
+        return w.VBox([*header, w.HBox([*self.controls.values(), *extras], layout=wrap), self._chart_box,
+                       self.status, self.out])
 
     def _ipython_display_(self):
+        if self._shown_early:   # first_run displayed it already, in the same cell
+            self._shown_early = False
+            return
         display(self.layout())
+
+
+#: The status line of a slow panel whose controls changed since its last run.
+STALE = "settings changed: press <b>Run</b> to update the charts"
+
+
+def _in_kernel() -> bool:
+    """True inside a Jupyter kernel (a notebook), False in a plain interpreter or a test."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None

@@ -39,11 +39,11 @@ class ParityPanel(Panel):
                                 description="inputs"),
         }
         self.run_button = w.Button(description="Run", icon="play", button_style="primary", disabled=not has_triton())
-        self.run_button.on_click(self.refresh)
-        self.set(**values)  # controls have no observers: a run starts on Run only
         if has_triton():
-            self.refresh()
+            self.wait_for_run()   # a run under the interpreter takes seconds
+            self.set(**values).first_run()
         else:
+            self.set(**values)
             self.status.value = MISSING_TRITON
 
     def update(self) -> None:
@@ -78,9 +78,9 @@ class TimingPanel(Panel):
         }
         live = torch.cuda.is_available() and has_triton()
         self.run_button = w.Button(description="Run", icon="play", button_style="primary", disabled=not live)
-        self.run_button.on_click(self.refresh)
         if live:
-            self.refresh()
+            self.wait_for_run()   # timing compiles and runs kernels: seconds
+            self.first_run()
         elif not has_triton():
             self.status.value = MISSING_TRITON
         else:

@@ -32,8 +32,7 @@ class PseudoValuePanel(Panel):
             "alpha": w.FloatSlider(value=0.9, min=0.02, max=1.0, step=0.02, description="decay α"),
             "beta": w.FloatSlider(value=0.5, min=0.0, max=1.0, step=0.05, description="write β"),
         }
-        for c in self.controls.values():
-            c.observe(self.refresh, names="value")
+        self.redraw_on_change()   # an update takes milliseconds
         self.refresh()
 
     def update(self) -> None:

@@ -8,8 +8,9 @@ from dataclasses import replace
 import ipywidgets as w
 import polars as pl
 
-from treewy_lab.charts import MODE_NAMES, ratio_chart, serving_curves_chart
-from treewy_lab.frames import measured_matching, paper_ratios_frame, ratios_frame, serving_curves_frame
+from treewy_lab.charts import MODE_NAMES, ratio_chart, ratio_charts_by_gmu, serving_curves_chart
+from treewy_lab.frames import (measured_matching, measured_runs, paper_ratios_frame, ratios_frame,
+                               serving_curves_frame)
 from treewy_lab.panels.base import Panel
 from treewy_lab.setup import RESULTS_DIRS
 from treewy.memory import GPU, ModelSpec, ServerConfig
@@ -52,8 +53,8 @@ class ServingPanel(Panel):
         }
         self.run_button = w.Button(description="Run", icon="play", button_style="primary")
         self.progress = w.IntProgress(min=0, max=1, description="points")
-        self.wait_for_run()  # a simulation takes seconds: it runs on Run, as every slow panel does
-        self.set(**values).refresh()
+        self.wait_for_run()  # a simulation takes seconds
+        self.set(**values).first_run()
 
     def key(self) -> tuple:
         return tuple(c.value for c in self.controls.values())
@@ -85,15 +86,14 @@ class ServingPanel(Panel):
             self.status.value = f"<span style='color:#b00020'>{e}</span>"
             return
         self.frames["simulated"] = sim
-        curves = serving_curves_frame(sim, "simulated")
+        curves = serving_curves_frame(sim, "SIMULATED")
         measured = measured_matching(load_measured(*self.measured_dirs), model=v["model"], gpu=v["gpu"], tp=v["tp"],
                                      gmu=v["gmu"], tree=str(TREES[v["tree"]]), workload=v["workload"],
                                      max_num_seqs=v["max_num_seqs"])
         self.frames["measured"] = measured
-        if not measured.is_empty():
-            for (device, date, weights), part in measured.group_by("device", "date", "weights", maintain_order=True):
-                label = f"vLLM measured ({device}, {date}{', dummy weights' if weights == 'dummy' else ''})"
-                curves = pl.concat([curves, serving_curves_frame(part, label)])
+        runs = list(measured_runs(measured))
+        for label, part in runs:
+            curves = pl.concat([curves, serving_curves_frame(part, label)])
         self.frames["curves"] = curves
         k = knee(sim)
         title = [f"SIMULATED · {v['model']} · {v['gpu'].upper()} TP{v['tp']} · gmu {v['gmu']:.2f} · {v['workload']}",
@@ -102,13 +102,14 @@ class ServingPanel(Panel):
         if "dummy" in measured["weights"].to_list():
             notes.append(f"measured with {DUMMY_NOTE}")
         self.show_chart("curves", serving_curves_chart(curves, k, title, notes))
-        ratios = ratios_frame(ratio_table(sim), "simulated")
-        if v["model"] == "qwen3.5-35b-a3b" and v["gpu"] == "b200" and v["tp"] == 1 and v["tree"] == "(1, 1, 1)":
-            # the paper's ratios are a geomean over five workloads at gmu 0.6: shown for orientation
+        ratios = pl.concat([ratios_frame(ratio_table(sim), "SIMULATED"),
+                            *(ratios_frame(ratio_table(part), label) for label, part in runs)])
+        if paper_applies(v["model"], v["tp"], v["gmu"], v["tree"]):
             ratios = pl.concat([ratios, paper_ratios_frame(SERVING_RATIOS, CONCURRENCIES)])
         self.frames["ratios"] = ratios
-        self.show_chart("ratios", ratio_chart(ratios, "TreeWY / store-all: simulated (one workload) vs the paper "
-                                                      "(measured, geomean of five workloads)"))
+        self.show_chart("ratios", ratio_chart(ratios, f"TreeWY / store-all, {v['workload']}: simulated, measured "
+                                                      "where it matches, the paper where it applies",
+                                              [title[0], "each panel has its own (log) scale"]))
         model, gpu = ModelSpec.from_name(v["model"]), GPU.from_name(v["gpu"])
         admitted = sim.group_by("mode").agg(pl.col("peak_running").max()).sort("mode")
         self.status.value = (
@@ -125,3 +126,72 @@ def cost_note(sim: pl.DataFrame) -> str:
         return (f"GDN step: TreeWY / store-all kernel ratio measured in {', '.join(measured)}; "
                 "store-all priced by the bytes it moves")
     return "GDN step: both modes priced by the bytes they move (no measured kernel rows for this tree)"
+
+
+def paper_applies(model: str, tp: int, gmu: float, tree: str) -> bool:
+    """The paper's serving ratios (treewy.paper.SERVING_RATIOS) are the 35B at TP1, gmu 0.6, depth-3 chain."""
+    return model == "qwen3.5-35b-a3b" and tp == 1 and abs(gmu - 0.6) < 0.005 and tree == "(1, 1, 1)"
+
+
+def _gpu_key(device: str) -> str | None:
+    """The simulator's GPU key named by a measured device ("NVIDIA H200" -> "h200"), or None."""
+    words = device.lower().replace("-", " ").split()
+    return next((g for g in GPUS if g in words), None)
+
+
+#: A simulated ratio and a measured one "part" where one is more than this many times the other.
+PART_FACTOR = 1.5
+
+
+def measured_ratio_figure(measured_dirs=RESULTS_DIRS, on_point=None) -> dict:
+    """The measured TreeWY / store-all ratios of every measured run on disk, one chart per gmu, over the simulated
+    twin of each run (same model, GPU, TP, gmu, tree, max seqs, workloads and concurrencies; acceptance as the run
+    had it; the H200 fit of the fixed costs on an H200) and the paper's where they apply. Ratios are the geomean
+    over the run's workloads. Returns {"chart", "ratios", "parting"}: parting lists each (gmu, metric,
+    concurrency) where a run's simulated and measured ratios differ by more than PART_FACTOR either way.
+    on_point(done, total): progress over the simulated points."""
+    measured = load_measured(*measured_dirs).filter(
+        pl.col("concurrency").is_not_null() & (pl.col("failed").fill_null(0) == 0) & pl.col("error").is_null())
+    keys = ["model", "gpu", "tp", "gmu", "tree", "max_num_seqs"]
+    runs = [(cfg, label, part) for cfg, rows in measured.group_by(*keys, maintain_order=True)
+            for label, part in measured_runs(rows)]
+    total = sum(2 * part.select("workload", "concurrency").unique().height for *_, part in runs)
+    done, frames, parting, notes = 0, [], [], {}
+    for (model, gpu, tp, gmu, tree, seqs), label, part in runs:
+        key = _gpu_key(gpu)
+        if key is None:
+            continue   # no simulator preset for this GPU: nothing to compare with
+        widths = tuple(int(x) for x in tree.strip("()").split(","))
+        accepted = part["acceptance_length"].mean() if part["acceptance_length"].is_not_null().any() else None
+        server = replace(H200_VLLM026_DECODE_GRAPHS if key == "h200" else ServerConfig(),
+                         max_num_seqs=seqs or ServerConfig().max_num_seqs)
+        sims = []
+        for mode in ("store_all", "reconstruct"):
+            for workload in part["workload"].unique(maintain_order=True):
+                points = sorted(part.filter(workload=workload)["concurrency"].unique())
+                sims.append(simulate(model=model, gpu=key, tp=tp, gmu=gmu, mode=mode, tree=widths, workload=workload,
+                                     concurrency=points, acceptance=accepted, server=server))
+                done += len(points)
+                if on_point:
+                    on_point(done, total)
+        sim_label = f"SIMULATED twin of the run below ({'fitted' if key == 'h200' else 'assumed'} fixed costs)"
+        pair = pl.concat([ratios_frame(ratio_table(pl.concat(sims)), sim_label),
+                          ratios_frame(ratio_table(part), label)])
+        both = pair.pivot(on="source", index=["concurrency", "metric"], values="ratio").drop_nulls()
+        parting.append(both.select("concurrency", "metric", simulated=pl.col(sim_label), measured=pl.col(label))
+                       .with_columns(gmu=pl.lit(gmu), run=pl.lit(label),
+                                     factor=(pl.col("simulated") / pl.col("measured")))
+                       .filter((pl.col("factor") > PART_FACTOR) | (pl.col("factor") < 1 / PART_FACTOR)))
+        if paper_applies(model, tp, gmu, tree):
+            pair = pl.concat([pair, paper_ratios_frame(SERVING_RATIOS, CONCURRENCIES)]).unique(maintain_order=True)
+        frames.append(pair.with_columns(gmu=pl.lit(gmu)))
+        notes.setdefault(gmu, []).append(
+            f"{model} · {gpu} TP{tp} · tree {tree} · max seqs {seqs} · workloads "
+            + ", ".join(part["workload"].unique(maintain_order=True)) + " (geomean)")
+    if not frames:
+        return {"chart": None, "ratios": pl.DataFrame(), "parting": pl.DataFrame()}
+    ratios = pl.concat(frames).unique(maintain_order=True)
+    return {"chart": ratio_charts_by_gmu(ratios, "TreeWY / store-all: measured on vLLM vs simulated", notes),
+            "ratios": ratios,
+            "parting": pl.concat(parting).select("gmu", "metric", "concurrency", "simulated", "measured", "factor",
+                                                 "run").sort("gmu", "metric", "concurrency")}

@@ -23,7 +23,6 @@ def _sweep_controls(panel: Panel, few: bool, prompts: int) -> dict:
     """The prompts and new-tokens sliders of a sweep panel; also gives it a Run button and a progress bar."""
     panel.run_button = w.Button(description="Run", icon="play", button_style="primary")
     panel.progress = w.IntProgress(min=0, max=1, description="sweep")
-    panel.run_button.on_click(panel.refresh)
     return {"prompts": w.IntSlider(value=2 if few else prompts, min=1, max=32, description="prompts",
                                    continuous_update=False),
             "tokens": w.IntSlider(value=16 if few else 48, min=8, max=128, step=8, description="new tokens",
@@ -64,7 +63,8 @@ class SweepPanel(Panel):
                                        continuous_update=False),
             **_sweep_controls(self, few, prompts=16),
         }
-        self.set(**values).refresh()  # controls have no observers: a sweep starts on Run only
+        self.wait_for_run()   # a sweep takes seconds
+        self.set(**values).first_run()
 
     def _committed(self) -> pl.DataFrame:
         return _committed_sweeps("*_tiny_sweep*.parquet", acceptance_frame)
@@ -132,9 +132,8 @@ class DecodePanel(Panel):
         self.text = w.HTML()
         self.run_button = w.Button(description="Run", icon="play", button_style="primary")
         self.progress = w.IntProgress(min=0, max=1, description="tokens")
-        self.run_button.on_click(self.refresh)
-        self.controls["temperature"].observe(self.refresh, names="value")  # the slider decodes again on release
-        self.set(**values).refresh()
+        self.wait_for_run()   # a decode takes seconds on a CPU
+        self.set(**values).first_run()
 
     def _tick(self, done: int, total: int) -> None:
         self.progress.max, self.progress.value = total, done
@@ -181,7 +180,8 @@ class TemperaturePanel(Panel):
                                              rows=6),
             **_sweep_controls(self, few, prompts=8),
         }
-        self.set(**values).refresh()  # a sweep starts on Run only
+        self.wait_for_run()   # a sweep takes seconds
+        self.set(**values).first_run()
 
     def _committed(self) -> pl.DataFrame:
         return _committed_sweeps("*_tiny_temperature_sweep.parquet", temperature_frame)

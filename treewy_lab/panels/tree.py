@@ -46,8 +46,7 @@ class TreePanel(Panel):
                                          description=f"level {d + 1}", continuous_update=False)
             for d in range(LEVELS)
         }
-        for c in self.controls.values():
-            c.observe(self.refresh, names="value")
+        self.redraw_on_change()   # an update takes milliseconds
         # the sliders cannot show every tree: say which one they show instead, until a slider moves
         self._note = "" if shown == given else (
             f"widths {given} do not fit the {LEVELS} level sliders (1..{MAX_WIDTH} each; 0 ends the tree): "
