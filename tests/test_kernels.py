@@ -313,8 +313,8 @@ def test_cuda_graph_replay_of_verify_and_commit_matches_eager():
     tree_commit(state.clone(), torch.zeros(B, T, HV, V, device="cuda"), static[1], static[3], par, acc)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):  # device parents inside a capture: the chain flag is given, not read
-        o, u = tree_verify(*static[:5], state, par, chain=False)
+    with torch.cuda.graph(graph):  # device parents inside a capture: the chain flag and depth are given, not read
+        o, u = tree_verify(*static[:5], state, par, chain=False, max_depth=tree.max_depth)
         tree_commit(state, u, static[1], static[3], par, acc)
     for seed in (2, 3):
         new = make_inputs(B, T, H, HV, K, V, seed=seed, dtype=torch.bfloat16)

@@ -70,6 +70,17 @@ FP32_EPS = 2.0 ** -24
 FP32_FACTOR = 3.0
 
 
+#: FP32_FACTOR's counterpart for the tree kernels' tf32 mode (dot precision "tf32", the default on GPUs): their
+#: products that feed u and the state are split into tf32 hi + lo parts, and the dropped lo x lo term costs a few
+#: times fp32's error (dense, at the model's shapes on the H200: benchmarks/results/gpu_tests_h200_2026-12-01.log).
+TF32_SPLIT_FACTOR = 8.0
+
+
+def fp32_factor(tf32: bool) -> float:
+    """The factor of fp32_bound for a kernel run with tf32 products split into parts (True) or exact fp32."""
+    return TF32_SPLIT_FACTOR if tf32 else FP32_FACTOR
+
+
 def fp32_bound(ref32: torch.Tensor, ref64: torch.Tensor, factor: float = FP32_FACTOR) -> float:
     """An fp32 op's error bound from what fp32 achieves on the same inputs: ``factor`` times the error of the
     reference run in fp32 against the reference in fp64 (at least the unit roundoff)."""

@@ -132,15 +132,6 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
         raise ValueError(f"kernel = {kernel!r}: expected None or one of {KERNELS}")
     dot_precision = check_dot_precision(dot_precision, q.device)
     depth, all_chains = _window_shape(parents, par, num_nodes, nn, capturing)
-    if max_depth is None:
-        max_depth = depth
-    elif values and depth is not None and depth > max_depth:
-        raise ValueError(f"max_depth = {max_depth} but the window is {depth} deep; pass max_depth=None to "
-                         "detect it")
-    if max_depth is None and capturing and not chain and kernel in (None, "path", "path_split"):
-        raise ValueError("max_depth = None inside a CUDA-graph capture with device-tensor parents: pass the "
-                         "windows' depth bound (DraftTree.max_depth) so the capture compiles the path kernel "
-                         "an eager call compiles")
     if chain is None:
         chain = all_chains
         if chain is None and kernel is None:
@@ -151,6 +142,15 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     elif chain and all_chains is False:
         raise ValueError("chain = True but some request's window is not a chain (parents[b, t] = t - 1 for every "
                          "node t below num_nodes[b]); pass chain=None to detect it")
+    if max_depth is None:
+        max_depth = depth
+    elif values and depth is not None and depth > max_depth:
+        raise ValueError(f"max_depth = {max_depth} but the window is {depth} deep; pass max_depth=None to "
+                         "detect it")
+    if max_depth is None and capturing and not chain and kernel in (None, "path", "path_split"):
+        raise ValueError("max_depth = None inside a CUDA-graph capture with device-tensor parents: pass the "
+                         "windows' depth bound (DraftTree.max_depth) so the capture compiles the path kernel "
+                         "an eager call compiles")
     if kernel == "chain" and not chain:
         raise ValueError("kernel='chain' needs every request's window to be a chain (parents[t] = t - 1); "
                          "leave kernel=None for trees")
