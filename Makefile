@@ -22,7 +22,8 @@ else
 	$(PIP) install -q --timeout 5 --retries 0 --index-url $(TORCH_CPU_INDEX) "torch==$(TORCH_VERSION)" \
 	  || $(PIP) install -q "torch==$(TORCH_VERSION)"
 endif
-	$(PIP) install -q -e ".[$(EXTRAS)]"
+	@# setuptools' note on editable installs is a UserWarning from the build backend: not ours to act on
+	PYTHONWARNINGS=ignore::UserWarning $(PIP) install -q -e ".[$(EXTRAS)]"
 	touch $@
 
 # Outputs never reach git: notebooks/*.ipynb pass through tools/nbstrip.py (.gitattributes) on their way in, from
