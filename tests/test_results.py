@@ -66,7 +66,7 @@ def test_an_installed_package_reads_its_tables_without_the_checkout(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src)
-    for name in ("treewy", "treewy_lab", "notebooks"):
+    for name in ("treewy", "treewy_lab", "notebooks", "tools"):   # what pyproject.toml packages
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(tmp_path / "dist"), str(src)], check=True, capture_output=True, timeout=300)
