@@ -1,7 +1,7 @@
 """The lab in a real browser: JupyterLab on 127.0.0.1 in headless Chromium, served as `make lab` serves it (the
 checkout's root, here a git copy with the notebook filter installed the way `make setup` installs it). 00's links
-open the notebooks inside JupyterLab; notebooks run; a slider dragged with the mouse redraws its chart; no chart is
-wider than its output area; after Run All and save the checkout is clean. Every request that would leave
+open the notebooks inside JupyterLab; notebooks run; in 05 every heading is followed by its own outputs; a slider
+dragged with the mouse redraws its chart; no chart is wider than its output area; after Run All and save the checkout is clean. Every request that would leave
 127.0.0.1 is blocked and fails the test. Screenshots go to artifacts/browser/.
 
 Needs Debian's chromium (/usr/bin/chromium) and playwright (in the [test] extra). Skipped when
@@ -201,11 +201,38 @@ def test_tree_notebook_slider_redraws_the_tree(jupyterlab, browser_context):
     assert not outside, f"requests left 127.0.0.1: {outside}"
 
 
+def sections(page) -> list[tuple[str, list[str]]]:
+    """(heading, texts of the outputs of the code cells under it, up to the next heading) in notebook order."""
+    return page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").first.evaluate("""nb => {
+        const out = [];
+        for (const cell of nb.querySelectorAll(':scope .jp-Cell')) {
+            const h = cell.classList.contains('jp-MarkdownCell') && cell.querySelector('h2');
+            if (h) out.push([h.textContent.replace(/\u00b6$/, '').trim(), []]);
+            else if (out.length && cell.classList.contains('jp-CodeCell'))
+                for (const o of cell.querySelectorAll('.jp-OutputArea-output'))
+                    if (o.textContent.trim() || o.querySelector('svg, canvas')) out[out.length - 1][1].push(
+                        o.textContent.trim() || '(chart)');
+        }
+        return out; }""")
+
+
 def test_serving_notebook_memory_slider_redraws_the_curves(jupyterlab, browser_context):
     ctx, outside = browser_context
     page = ctx.new_page()
     run_all(page, jupyterlab, "05_serving_curves.ipynb")
     page.get_by_text("store-all pool full from concurrency", exact=False).first.wait_for(timeout=TIMEOUT_MS)
+    page.get_by_text("Simulated and measured ratios part", exact=False).or_(
+        page.get_by_text("Every simulated ratio is within", exact=False)).first.wait_for(timeout=TIMEOUT_MS)
+    # every numbered heading is followed by its own outputs (05's section 3 once printed at the very bottom)
+    found = sections(page)
+    numbered = [(h, outs) for h, outs in found if h[:1].isdigit()]
+    assert [h[:1] for h, _ in numbered] == ["1", "2", "3", "4"], found
+    assert all(outs for _, outs in numbered), [(h, len(outs)) for h, outs in numbered]
+    by_number = {h[:1]: " ".join(outs) for h, outs in numbered}
+    assert "SIMULATED now" in by_number["3"] and "Below the knee" in by_number["3"], by_number["3"][:300]
+    assert "SIMULATED now" not in by_number["4"], "section 3's table printed under section 4"
+    assert "ratios part" in by_number["4"] or "is within" in by_number["4"], by_number["4"][-300:]
+    assert not any(outs for h, outs in found if not h[:1].isdigit()), "outputs under What we saw / Try this"
     before = [t for t in svg_texts(page) if t.startswith("SIMULATED")]
     assert before and "gmu 0.60" in before[0], before
     page.locator(".widget-slider", has=page.get_by_text("gpu mem util", exact=True)).first.scroll_into_view_if_needed()

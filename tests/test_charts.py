@@ -82,3 +82,58 @@ def test_full_table_shows_every_row_and_whole_names():
     html = full_table(df).data
     assert df.height > 10 and html.split("<tbody>")[1].count("<tr>") == df.height   # polars alone stops at ten rows
     assert all(target.replace("<", "&lt;") in html for target in df["target"])
+
+
+def _ratios():
+    from treewy_lab.frames import PAPER_SOURCE, measured_label
+
+    measured = measured_label("H200", "2026-11-30", "dummy", None)
+    sim = paper_ratios_frame(SERVING_RATIOS, CONCURRENCIES).with_columns(
+        source=pl.lit("SIMULATED"), ratio=pl.col("ratio") * 1.1)
+    meas = paper_ratios_frame(SERVING_RATIOS, CONCURRENCIES).with_columns(source=pl.lit(measured))
+    return pl.concat([sim, meas, paper_ratios_frame(SERVING_RATIOS, CONCURRENCIES)]), measured, PAPER_SOURCE
+
+
+def test_ratio_chart_gives_each_metric_its_own_log_scale_and_no_empty_panel():
+    ratios, _, _ = _ratios()
+    spec = charts.ratio_chart(ratios, "t").to_dict()
+    panels = [p for row in spec["vconcat"] for p in row["hconcat"]]
+    assert [p["title"] for p in panels] == list(charts.RATIO_METRICS)          # five, in order: no sixth
+    for p in panels:
+        assert p["layer"][1]["encoding"]["y"]["scale"]["type"] == "log"
+    svg = svg_of(charts.ratio_chart(ratios, "t"))
+    ticks = [re.findall(r">([\d.]+)</text>", part) for part in svg.split("TreeWY / store-all")[1:]]
+    assert len({tuple(t) for t in ticks if t}) > 1       # the panels' y ticks differ: the scales are their own
+
+
+def test_ratio_chart_tells_simulated_measured_and_paper_apart():
+    ratios, measured, paper = _ratios()
+    chart = charts.ratio_chart(ratios, "t")
+    enc = chart.to_dict()["vconcat"][0]["hconcat"][0]["layer"][1]["encoding"]
+    colours = dict(zip(enc["color"]["scale"]["domain"], enc["color"]["scale"]["range"]))
+    dashes = dict(zip(enc["strokeDash"]["scale"]["domain"], enc["strokeDash"]["scale"]["range"]))
+    assert len(set(colours.values())) == 3 and not set(colours.values()) & set(charts.MODE_COLORS.range)
+    assert len({tuple(d) for d in dashes.values()}) == 3
+    texts = re.findall(r">([^<]+)</text>", svg_of(chart))
+    assert "solid: SIMULATED" in texts and f"dashed: {measured}" in texts and f"dotted: {paper}" in texts
+    with pytest.raises(ValueError, match="a ratio source label starts with one of"):
+        charts.ratio_chart(ratios.with_columns(source=pl.lit("simulated")), "t")
+
+
+def test_serving_curves_legend_names_the_dash_of_each_source():
+    from treewy_lab.frames import measured_label, serving_curves_frame
+    from treewy.schema import load_measured
+
+    measured = load_measured(DATA_DIR).filter(pl.col("workload") == "generation-short")
+    label = measured_label("H200", "2026-11-30", "dummy", None)
+    curves = pl.concat([serving_curves_frame(measured, "SIMULATED"), serving_curves_frame(measured, label)])
+    texts = re.findall(r">([^<]+)</text>", svg_of(charts.serving_curves_chart(curves, 64, "t")))
+    assert "solid: SIMULATED" in texts and f"dashed: {label}" in texts
+
+
+def test_acceptance_chart_draws_trees_as_circles_and_chains_as_squares():
+    for kinds in (["chain", "tree"], ["tree", "chain"]):   # whatever order the frame holds them in
+        acc = pl.DataFrame({"drafter": "mtp", "kind": kinds, "shape": ["(1,)", "(2,)"], "N": [1, 2],
+                            "acceptance": 2.0, "acceptance_lo": 1.9, "acceptance_hi": 2.1, "source": "x (live)"})
+        shape = charts.acceptance_chart(acc, "t").to_dict()["layer"][-1]["encoding"]["shape"]["scale"]
+        assert dict(zip(shape["domain"], shape["range"])) == {"tree": "circle", "chain": "square"}

@@ -1,5 +1,6 @@
 """Every notebook executes top to bottom on CPU (small sizes), headless; all but the kernel notebook (03) with triton
-hidden, as on a Mac. What Run All adds never reaches the repository: the executed notebook, through the git filter
+hidden, as on a Mac. Every figure its "What we saw" quotes is registered in tests/claims.toml or printed by one of
+its cells (tests/test_notebook_prose.py). What Run All adds never reaches the repository: the executed notebook, through the git filter
 `make setup` installs (tools/nbstrip.py), is the committed file byte for byte."""
 
 import json
@@ -20,6 +21,7 @@ HIDE_TRITON = Path(__file__).parent / "hide_triton"
 
 sys.path.insert(0, str(ROOT / "tools"))
 import nbstrip  # noqa: E402
+from test_notebook_prose import figures_not_printed  # noqa: E402
 
 
 def test_notebooks_exist():
@@ -43,6 +45,8 @@ def test_notebook_executes(path, monkeypatch):
     print(f"{path.name}: {time.perf_counter() - t0:.1f} s")
     executed = json.loads(nbformat.writes(nb))
     assert any(c.get("outputs") for c in executed["cells"])
+    unbacked = figures_not_printed(executed, path.stem)
+    assert not unbacked, f"figures in What we saw that no cell printed and tests/claims.toml lacks: {unbacked}"
     assert nbstrip.dumps(nbstrip.strip(executed)) == committed, "the git filter would not restore the committed file"
 
 

@@ -204,3 +204,48 @@ def test_kernel_targets_frame_reads_the_committed_targets(tmp_path):
     mine = kernel_targets_frame(path)
     assert mine["result"].to_list() == ["PASS", "report", "FAIL"]
     assert mine["source"][0] == "GPU X, 2026-01-01 (measured)"
+
+
+def test_measured_ratios_come_one_chart_per_gmu_with_their_acceptance(tmp_path):
+    from treewy_lab.panels.serving import measured_ratio_figure
+    from treewy.schema import serving_frame
+
+    base = dict(model="qwen3.5-35b-a3b", gpu="NVIDIA H200", tp=1, workload="balanced-chat", tree="(1, 1, 1)",
+                concurrency=8, simulated=False, device="NVIDIA H200", date="2026-12-02", output_throughput=900.0,
+                peak_kv_usage=0.4, peak_running=8, p99_ttft_ms=50.0, mean_tpot_ms=20.0, failed=0, max_num_seqs=256)
+    rows = [{**base, "gmu": 0.6, "mode": m, "weights": "dummy"} for m in ("store_all", "reconstruct")]
+    rows += [{**base, "gmu": 0.75, "mode": m, "weights": "dummy", "acceptance_source": "paper-35b",
+              "acceptance_length": 3.2, "peak_kv_usage": 0.4 if m == "store_all" else 0.01}
+             for m in ("store_all", "reconstruct")]
+    serving_frame(rows).write_parquet(tmp_path / "serve.parquet")
+    seen = []
+    fig = measured_ratio_figure((tmp_path,), on_point=lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (4, 4)
+    spec = fig["chart"].to_dict()
+    assert [c["title"]["text"].split(" · ")[-1] for c in spec["vconcat"]] == ["gmu 0.60", "gmu 0.75"]
+    sources = set(fig["ratios"]["source"])
+    assert ("vLLM measured: NVIDIA H200, 2026-12-02, dummy weights, acceptance: real (dummy weights: none accepted)"
+            in sources)
+    assert "vLLM measured: NVIDIA H200, 2026-12-02, dummy weights, acceptance: synthetic (paper-35b)" in sources
+    assert any(s.startswith("paper") for s in fig["ratios"].filter(gmu=0.6)["source"])       # the paper's gmu
+    assert not any(s.startswith("paper") for s in fig["ratios"].filter(gmu=0.75)["source"])
+    kv = fig["parting"].filter(metric="peak KV usage reduction", gmu=0.75)   # measured 40x: far from the simulated
+    assert kv.height == 1 and kv["measured"].item() == pytest.approx(40.0)
+
+
+def test_a_slow_panel_is_on_screen_before_its_first_run(monkeypatch):
+    """In a notebook a slow panel shows itself (status line, progress) before it computes, and the cell's own
+    display of it then adds nothing; a later display shows it again."""
+    from treewy_lab.panels import ServingPanel
+    from treewy_lab.panels import base
+
+    shown = []
+    monkeypatch.setattr(base, "_in_kernel", lambda: True)
+    monkeypatch.setattr(base, "display", lambda box: shown.append(("display", box)))
+    monkeypatch.setattr(ServingPanel, "update", lambda self: shown.append(("update", None)))
+    p = ServingPanel(concurrency=(8,))
+    assert [what for what, _ in shown] == ["display", "update"]
+    p._ipython_display_()
+    assert len(shown) == 2
+    p._ipython_display_()
+    assert [what for what, _ in shown] == ["display", "update", "display"]
