@@ -64,7 +64,7 @@ def test_simulator_prices_treewy_with_the_newest_targets_table():
 def test_an_installed_package_reads_its_tables_without_the_checkout(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, src)
     for name in ("treewy", "treewy_lab", "notebooks", "tools"):   # what pyproject.toml packages
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
