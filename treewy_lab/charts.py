@@ -156,7 +156,8 @@ def ratio_chart(ratios: pl.DataFrame, title: str | list[str], subtitle: Sequence
     legend = alt.Legend(orient="bottom", direction="vertical", labelLimit=0, title="> 1 favours TreeWY",
                         symbolType="stroke", symbolStrokeWidth=2, symbolSize=400, labelExpr=_DASH_LABEL)
     data = ratios.filter(pl.col("ratio").is_not_null() & (pl.col("ratio") > 0))   # a log scale has no 0
-    x = alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrent requests")
+    x = alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrent requests",
+              axis=alt.Axis(values=sorted(set(data["concurrency"].to_list()))))   # every point labelled, 256 too
     charts = []
     for metric in (m for m in RATIO_METRICS if m in set(data["metric"])):
         part = data.filter(pl.col("metric") == metric)

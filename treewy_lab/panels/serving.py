@@ -174,7 +174,8 @@ def measured_ratio_figure(measured_dirs=RESULTS_DIRS, on_point=None) -> dict:
                 done += len(points)
                 if on_point:
                     on_point(done, total)
-        sim_label = f"SIMULATED twin of the run below ({'fitted' if key == 'h200' else 'assumed'} fixed costs)"
+        sim_label = (f"SIMULATED twin of the {gpu} run of {part['date'][0]} (same settings, "
+                     f"{'fixed costs fitted on the H200' if key == 'h200' else 'assumed fixed costs'})")
         pair = pl.concat([ratios_frame(ratio_table(pl.concat(sims)), sim_label),
                           ratios_frame(ratio_table(part), label)])
         both = pair.pivot(on="source", index=["concurrency", "metric"], values="ratio").drop_nulls()
