@@ -43,11 +43,13 @@ import common  # noqa: E402,F401  (imports treewy before triton: the interpreter
 import torch  # noqa: E402
 
 from treewy.ops import PendingCommit, naive_tree_verify, tree_verify  # noqa: E402
-from treewy.ops.benchmark import (  # noqa: E402
+from treewy.bench.timing import (  # noqa: E402
     COPY_BW, MODELS, make, min_bytes, step_fn, target_result,
 )
-from treewy.ops.parity import folded_drift  # noqa: E402
-from treewy.ops.tree_verify import LAUNCHES, PRECISION_ENV, select_kernel, verify  # noqa: E402
+from treewy.bench.parity import folded_drift  # noqa: E402
+from treewy.ops.verify import LAUNCHES, select_kernel  # noqa: E402
+from treewy.ops.verify import kernel as verify  # noqa: E402
+from treewy.ops.verify.tuning import PRECISION_ENV  # noqa: E402
 from treewy.testing import rel_err  # noqa: E402
 from treewy.tree import DraftTree  # noqa: E402
 
@@ -89,9 +91,9 @@ def candidates(tree, B, state_dtype=torch.float32):
 def pinned_configs():
     """Launch configs for the drift runs (no autotuning there: many window/pending shapes, few steps each);
     each compiles for sm_90 without spills (benchmarks/compile_offline.py)."""
-    from treewy.ops.tree_verify import dense
-    from treewy.ops.tree_verify.chain import fixed_config
-    from treewy.ops.tree_verify.path import config
+    from treewy.ops.verify import dense
+    from treewy.ops.verify.chain import fixed_config
+    from treewy.ops.verify.path import config
 
     return {("chain", None): fixed_config(), ("path", "tf32"): config(32, 32, 4, 1, 32, True),
             ("dense", "tf32"): dense.config(32, 4, 1), ("dense", "ieee"): dense.config(16, 4, 1),
@@ -155,7 +157,7 @@ class Bench:
             t0 = time.perf_counter()
             fn()
             return (time.perf_counter() - t0) * 1e6
-        from treewy.ops.benchmark import bench
+        from treewy.bench.timing import bench
         return bench(fn)
 
     def eager_time(self, fn):

@@ -39,7 +39,7 @@ def time_families(cases, dot_precision: str | None = None) -> list[tuple[str, in
     CUDA-graph replays; ``dot_precision`` as ``tree_verify_fwd`` takes it. A progress bar and a line per case."""
     from tqdm import tqdm
 
-    from treewy.ops.benchmark import MODELS, bench, make, step_fn
+    from treewy.bench.timing import MODELS, bench, make, step_fn
 
     d = MODELS["35B-A3B"]
     out = []

@@ -70,8 +70,8 @@ def constexprs(args):
     """The constexpr arguments of a kernel launch at these shapes, as the launchers pass them."""
     import triton
 
-    from treewy.ops.tree_verify.fold import FOLD_ROWS
-    from treewy.ops.tree_verify.path import depth_block
+    from treewy.ops.verify.fold import FOLD_ROWS
+    from treewy.ops.verify.path import depth_block
 
     prec, split = ("ieee", False) if args.precision == "ieee" else ("tf32", args.precision == "tf32")
     bt = triton.next_power_of_2(max(args.T, 2))
@@ -103,12 +103,12 @@ def check_all():
 
     import triton
 
-    from treewy.ops.tree_verify.chain import _configs as chain_configs
-    from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
-    from treewy.ops.tree_verify.dense import CONFIGS as DENSE_CONFIGS
-    from treewy.ops.tree_verify.dense import tree_verify_dense_kernel
-    from treewy.ops.tree_verify.path import CONFIGS as PATH_CONFIGS
-    from treewy.ops.tree_verify.path import (TABLE_CONFIGS, one_stage_only, path_tables_kernel,
+    from treewy.ops.verify.chain import _configs as chain_configs
+    from treewy.ops.verify.chain import tree_verify_chain_kernel
+    from treewy.ops.verify.dense import CONFIGS as DENSE_CONFIGS
+    from treewy.ops.verify.dense import tree_verify_dense_kernel
+    from treewy.ops.verify.path import CONFIGS as PATH_CONFIGS
+    from treewy.ops.verify.path import (TABLE_CONFIGS, one_stage_only, path_tables_kernel,
                                              tree_verify_path_kernel)
 
     base = dict(H=16, HV=32, K=128, V=128, BK=None, fold_rows=None, l2norm=False, bf16_state=False, depth=3,
@@ -189,9 +189,9 @@ def main(argv=None):
     if args.all:
         sys.exit(check_all())
 
-    from treewy.ops.tree_verify.chain import tree_verify_chain_kernel
-    from treewy.ops.tree_verify.dense import tree_verify_dense_kernel
-    from treewy.ops.tree_verify.path import path_tables_kernel, tree_verify_path_kernel
+    from treewy.ops.verify.chain import tree_verify_chain_kernel
+    from treewy.ops.verify.dense import tree_verify_dense_kernel
+    from treewy.ops.verify.path import path_tables_kernel, tree_verify_path_kernel
 
     kern = {"chain": tree_verify_chain_kernel.fn, "dense": tree_verify_dense_kernel.fn,
             "path": tree_verify_path_kernel.fn, "tables": path_tables_kernel.fn}[args.kernel]

@@ -177,7 +177,7 @@ def reconstruct_fns(B, T):
 
 
 def reconstruct_kernels(stub):
-    from treewy.ops.tree_verify import chain
+    from treewy.ops.verify import chain
     return recorded(chain, ["chain_spec_step_kernel"], stub)
 
 

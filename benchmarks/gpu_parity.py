@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from treewy.ops import (  # noqa: E402
     naive_tree_commit, naive_tree_recurrent, naive_tree_verify, store_all_verify, tree_commit, tree_verify,
 )
-from treewy.ops.tree_commit import tree_commit_fwd  # noqa: E402
-from treewy.ops.tree_verify import tree_verify_fwd  # noqa: E402
+from treewy.ops.commit.kernel import tree_commit_fwd  # noqa: E402
+from treewy.ops.verify.kernel import tree_verify_fwd  # noqa: E402
 from treewy.tree import DraftTree  # noqa: E402
 
 MODELS = {"35B-A3B": dict(H=16, HV=32, K=128, V=128), "397B-A17B": dict(H=16, HV=64, K=128, V=128)}

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from treewy.ops.benchmark import COPY_BW, MODELS, bench, make, min_bytes, step_fn
-from treewy.ops.tree_verify import KERNEL_FNS
+from treewy.bench.timing import COPY_BW, MODELS, bench, make, min_bytes, step_fn
+from treewy.ops.verify.kernel import KERNEL_FNS
 from treewy.tree import DraftTree
 
 CHAIN3 = DraftTree.chain(3)

@@ -155,7 +155,7 @@ def timed(fn, smoke):
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e6
-    from treewy.ops.benchmark import bench
+    from treewy.bench.timing import bench
     return bench(fn)
 
 
@@ -214,7 +214,7 @@ def gdn_text(meta, rows) -> str:
     shapes = "tiny shapes" if meta["smoke"] else "Qwen3.5-35B-A3B shapes"
     lines = [f"One GDN layer's spec step, {shapes} {meta['dims']}, T = {meta['T']}; {meta['device']}, "
              f"{meta['date']}, torch {meta['torch']}; {meta['how']}", ""]
-    from treewy.ops.benchmark import COPY_BW
+    from treewy.bench.timing import COPY_BW
 
     d = meta["dims"]
     state = d["HV"] * d["V"] * d["K"] * 4     # one fp32 state per request and layer

@@ -163,7 +163,7 @@ def stage_check(run: Run, deadline: float) -> dict:
 def stage_profile(run: Run, deadline: float) -> dict:
     """profile.txt: op tables of a few steps per configuration at B = 1, bf16."""
     from treewy.decode import generate
-    from treewy.sweep import device_name, summarize
+    from treewy.experiments.acceptance import device_name, summarize
     m16, prompts = run.model(torch.bfloat16), run.prompts(1)
     new = 8 if run.toy else 24
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -219,7 +219,7 @@ def profile_section(title: str, prof, res, row: dict) -> str:
 
 def stage_timing(run: Run, deadline: float) -> dict:
     """timing.*: per-step times per configuration and batch size, bf16 weights."""
-    from treewy.sweep import SHAPES
+    from treewy.experiments.acceptance import SHAPES
     m16 = run.model(torch.bfloat16)
     shapes = SHAPES[:2] if run.toy else SHAPES
     cfgs = configs(shapes, launchers(run.args.backend))
@@ -255,7 +255,7 @@ def compare(rows: list[dict]) -> list[dict]:
 def time_config(run: Run, model, prompts, drafter, widths, mode, name) -> dict:
     """One timing row: warm-up, a measured run (two syncs per step), a phases run."""
     from treewy.decode import PHASES, generate
-    from treewy.sweep import device_name, summarize
+    from treewy.experiments.acceptance import device_name, summarize
     kw = decode_kwargs(drafter, widths, mode, run.args.backend)
     new = run.args.timing_tokens
     with step_launcher(launchers(run.args.backend).get(name)):
@@ -305,7 +305,7 @@ def stage_divergence(run: Run, deadline: float) -> dict:
 
 def stage_sweep(run: Run, deadline: float) -> dict:
     """sweep.*: the acceptance sweep in fp32, n-gram store_all rows last."""
-    from treewy.sweep import CHAINS, SHAPES, sweep_rows
+    from treewy.experiments.acceptance import CHAINS, SHAPES, sweep_rows
     shapes, chains = (SHAPES[:2], CHAINS[:2]) if run.toy else (SHAPES, CHAINS)
     m32, prompts = run.model(torch.float32), run.prompts(run.args.prompts)
     common = dict(shapes=shapes, chains=chains, max_new_tokens=run.args.new_tokens, model_name="tiny",

@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import treewy.accept as accept  # noqa: E402
-from treewy.sampling.check import second_token_check, toy_check  # noqa: E402
-from treewy.sampling.sweep import SHAPES, TEMPERATURES, cpu_name, temperature_sweep  # noqa: E402
+from treewy.experiments.sampling_check import second_token_check, toy_check  # noqa: E402
+from treewy.experiments.sampling_sweep import SHAPES, TEMPERATURES, cpu_name, temperature_sweep  # noqa: E402
 
 
 def checks(model) -> list[dict]:

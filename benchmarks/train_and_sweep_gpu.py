@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     from treewy.models import load
     from treewy.models.corpus import heldout_prompts
     from treewy.models.backends import get_ops
-    from treewy.sweep import CHAINS, SHAPES, sweep
+    from treewy.experiments.acceptance import CHAINS, SHAPES, sweep
 
     n_prompts, plen, new = (4, 48, 12) if args.toy else (32, 128, 48)
     prompts = heldout_prompts(n_prompts, plen, seed=0)

@@ -45,7 +45,7 @@ TREE_FORMS = [("2,2,1", [(2, 2, 1)]), ("(2,2,1)", [(2, 2, 1)]), ("(2, 2, 1)", [(
 
 @pytest.mark.parametrize("text, shapes", TREE_FORMS, ids=[t for t, _ in TREE_FORMS])
 def test_sweep_takes_trees_as_the_docs_write_them(text, shapes):
-    from treewy.sweep import _parse_shapes
+    from treewy.experiments.acceptance import _parse_shapes
 
     assert _parse_shapes(text) == shapes
 

@@ -26,12 +26,12 @@ def _one_line_error(capsys, command: str, *needles: str) -> str:
 def no_sweep(monkeypatch):
     """Every case below must be refused before a model loads or a sweep runs."""
     import treewy.models
-    import treewy.sweep
+    import treewy.experiments.acceptance
 
     def refuse(*a, **k):
         raise AssertionError("the sweep started work before checking its arguments")
     monkeypatch.setattr(treewy.models, "load", refuse)
-    monkeypatch.setattr(treewy.sweep, "sweep", refuse)
+    monkeypatch.setattr(treewy.experiments.acceptance, "sweep", refuse)
 
 
 SWEEP_CASES = [
@@ -68,9 +68,9 @@ def test_sweep_refuses_a_bad_out_before_any_work(tmp_path, capsys, no_sweep):
 
 
 def test_sweep_names_the_model_it_cannot_load(capsys, monkeypatch):
-    import treewy.sweep
+    import treewy.experiments.acceptance
 
-    monkeypatch.setattr(treewy.sweep, "sweep", lambda *a, **k: pytest.fail("no model, no sweep"))
+    monkeypatch.setattr(treewy.experiments.acceptance, "sweep", lambda *a, **k: pytest.fail("no model, no sweep"))
     assert main(["sweep", "--model", "gpt2", "--prompts", "1", "--prompt-len", "8"]) == 2
     _one_line_error(capsys, "sweep", "--model 'gpt2'", "checkpoint directory")
 

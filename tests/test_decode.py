@@ -12,7 +12,7 @@ from treewy.decode import generate  # noqa: E402
 from treewy.models import build, save, tiny_config  # noqa: E402
 from treewy.models.spec import spec_of  # noqa: E402
 from treewy.models.train_tiny import SIZES  # noqa: E402
-from treewy.sweep import SHAPES, summarize  # noqa: E402
+from treewy.experiments.acceptance import SHAPES, summarize  # noqa: E402
 from treewy.tree import MAX_NODES, DraftTree  # noqa: E402
 
 PROMPTS = [[256] + list(b"def foo(x):\n    return x"), [256] + list(b"import os\n"), [256, 10]]

@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from treewy.ops.naive import naive_tree_recurrent
+from treewy.ops import naive_tree_recurrent
 from treewy.serve import fp32_prefill, vllm_adapter
 
 

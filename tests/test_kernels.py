@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from treewy.ops import (
-    naive_tree_commit, naive_tree_conv1d, naive_tree_conv1d_commit, naive_tree_recurrent, naive_tree_verify,
-    store_all_commit, store_all_verify, tree_commit, tree_conv1d, tree_conv1d_commit, tree_verify,
+    naive_tree_commit, naive_tree_recurrent, naive_tree_verify, store_all_commit, store_all_verify, tree_commit,
+    tree_verify,
 )
-from treewy.ops.parity import O_TF32_TOL
-from treewy.ops.tree_verify import default_dot_precision
+from treewy.bench.parity import O_TF32_TOL
+from treewy.ops.verify.tuning import default_dot_precision
 from treewy.testing import assert_close_fp32 as close
 from treewy.tree import DraftTree
 
@@ -193,44 +193,6 @@ def test_store_all_matches_recurrence_and_treewy(name, B, H, HV, K, V, tree):
     assert torch.equal(state, states[torch.arange(B), acc]), "the commit copies the accepted snapshot"
 
 
-CONV_CASES = [
-    ("tree221-w4-bias", 2, 37, 4, True, "silu", DraftTree.from_widths((2, 2, 1))),
-    ("chain5-w2", 1, 20, 2, False, "silu", DraftTree.chain(5)),
-    ("star4-w4-linear", 2, 16, 4, False, None, DraftTree.from_widths((4,))),
-]
-
-
-@pytest.mark.parametrize("name,B,C,W,has_bias,act,tree", CONV_CASES, ids=[c[0] for c in CONV_CASES])
-def test_tree_conv1d_and_commit_match_reference(name, B, C, W, has_bias, act, tree):
-    T = len(tree)
-    gen = torch.Generator().manual_seed(23)
-    x = torch.randn(B, T, C, generator=gen).to(DEVICE)
-    w = torch.randn(C, W, generator=gen).to(DEVICE)
-    cs = torch.randn(B, C, W - 1, generator=gen).to(DEVICE)
-    bias = torch.randn(C, generator=gen).to(DEVICE) if has_bias else None
-    y = tree_conv1d(x, w, cs, tree, bias, act)
-    close("y", y, *(naive_tree_conv1d(x.to(dt), w.to(dt), cs.to(dt), tree, None if bias is None else bias.to(dt), act)
-                    for dt in (torch.float64, torch.float32)))
-    for a in range(T):
-        acc = torch.full((B,), a)
-        c2 = cs.clone()
-        tree_conv1d_commit(x, c2, tree, acc)
-        assert torch.equal(c2, naive_tree_conv1d_commit(x, cs, tree, acc))
-
-
-def test_tree_conv1d_per_request_topologies():
-    B, T, C, W = 3, 9, 24, 4
-    gen = torch.Generator().manual_seed(29)
-    parents = torch.tensor([random_tree(T, gen) for _ in range(B)], dtype=torch.int32)
-    x, w, cs = torch.randn(B, T, C), torch.randn(C, W), torch.randn(B, C, W - 1)
-    y = tree_conv1d(x.to(DEVICE), w.to(DEVICE), cs.to(DEVICE), parents)
-    close("y", y, naive_tree_conv1d(x.double(), w.double(), cs.double(), parents), naive_tree_conv1d(x, w, cs, parents))
-    acc = torch.tensor([8, 0, 5])
-    c2 = cs.clone().to(DEVICE)
-    tree_conv1d_commit(x.to(DEVICE), c2, parents, acc)
-    assert torch.equal(c2.cpu(), naive_tree_conv1d_commit(x, cs, parents, acc))
-
-
 # ---- validation at the door: one test per kind of mistake ----
 
 def _small():
@@ -385,7 +347,7 @@ def test_triton_imported_before_treewy_is_a_clear_error():
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", "import triton; import treewy.ops.tree_verify"], env=env,
+    r = subprocess.run([sys.executable, "-c", "import triton; import treewy.ops.verify.kernel"], env=env,
                        capture_output=True, text=True)
     assert r.returncode != 0 and "import treewy before triton" in r.stderr
     ok = subprocess.run([sys.executable, "-c", "import treewy, triton, treewy.ops"], env=env, capture_output=True,

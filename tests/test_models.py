@@ -12,7 +12,7 @@ from treewy.models import TINY_DIR, build, load, save, tiny_config  # noqa: E402
 from treewy.models.hybrid import forward_sequence  # noqa: E402
 from treewy.models.layers import chunk_gdn_torch  # noqa: E402
 from treewy.models.spec import spec_of  # noqa: E402
-from treewy.ops.naive import naive_tree_recurrent  # noqa: E402
+from treewy.ops import naive_tree_recurrent  # noqa: E402
 from treewy.tree import DraftTree  # noqa: E402
 
 SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,

@@ -1,7 +1,7 @@
 """The deferred commit folded into verify (``tree_verify(..., pending=...)``) against the references.
 
 CPU: Triton interpreter, small awkward sizes. Every kernel forced across mild and hard inputs, the model's
-shapes and CUDA graphs: tests/test_tree_verify.py.
+shapes and CUDA graphs: tests/test_verify.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from treewy.ops import (
     PendingCommit, flush_pending, naive_flush, naive_tree_step, naive_tree_verify, tree_commit, tree_verify,
 )
-from treewy.ops.parity import folded_drift
+from treewy.bench.parity import folded_drift
 from treewy.testing import assert_close_fp32 as close
 from treewy.tree import DraftTree
 
@@ -93,7 +93,7 @@ def test_folded_commit_matches_flush_then_verify(name, B, H, HV, K, V, prev, new
 @pytest.mark.parametrize("T", [1, 4, 7])
 def test_chain_kernel_matches_the_reference(T):
     """The node-by-node recurrence kernel on chain windows, pending from a tree and an idle slot (num_nodes:
-    tests/test_tree_verify.py)."""
+    tests/test_verify.py)."""
     gen = torch.Generator().manual_seed(17 + T)
     B, H, HV, K, V = 3, 1, 2, 20, 24
     S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(DEVICE)

@@ -24,7 +24,8 @@ from treewy.ops import (
     naive_tree_recurrent, naive_tree_step, naive_tree_verify, store_all_commit, store_all_verify, tree_commit,
     tree_conv1d, tree_conv1d_commit, tree_verify,
 )
-from treewy.ops.tree_verify import KERNELS, tree_verify_fwd
+from treewy.ops.verify import KERNELS
+from treewy.ops.verify.kernel import tree_verify_fwd
 from treewy.testing import FP32_FACTOR, fp32_bound, rel_err
 
 GPU = torch.cuda.is_available()
@@ -43,7 +44,7 @@ BF16_ULP = 2.0 ** -7
 #: compiled and autotuned kernels are reused across examples.
 SIZES_K = st.sampled_from([5, 33, 128]) if GPU else st.integers(3, 20)
 SIZES_V = st.sampled_from([7, 16, 128]) if GPU else st.integers(2, 17)
-#: Exact fp32 products, which the fp32 bound is for (tf32 has its own bound in tests/test_tree_verify.py).
+#: Exact fp32 products, which the fp32 bound is for (tf32 has its own bound in tests/test_verify.py).
 EXACT = "ieee"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -58,7 +59,7 @@ def one_config_per_shape():
         return
     from triton.runtime.autotuner import Autotuner
 
-    from treewy.ops.tree_verify import KERNEL_FNS
+    from treewy.ops.verify.kernel import KERNEL_FNS
     tuners = {fn for fns in KERNEL_FNS.values() for fn in fns if isinstance(fn, Autotuner)}
     saved = {t: t.early_config_prune for t in tuners}
     for t, prune in saved.items():

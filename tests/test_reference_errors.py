@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from treewy.ops import naive_tree_commit, naive_tree_conv1d, naive_tree_recurrent, naive_tree_verify
+from treewy.ops import naive_tree_commit, naive_tree_recurrent, naive_tree_verify
 from treewy.testing import random_gdn_inputs
 from treewy.tree import DraftTree
 
@@ -89,12 +89,6 @@ def test_commit_rejects_bad_accepted_nodes():
         naive_tree_commit(x.initial_state, u, x.k, x.g, TREE, torch.tensor([0, 1, 2]))
 
 
-def test_conv_rejects_wrong_state_shape():
-    x = torch.randn(2, 4, 6)
-    with pytest.raises(ValueError, match=r"conv_state has shape \(2, 6, 4\), expected \[B, C, W - 1\]"):
-        naive_tree_conv1d(x, torch.randn(6, 4), torch.randn(2, 6, 4), TREE)
-
-
 # ---- numeric edge cases, references and kernels alike ----
 
 def _kernel_ops():
@@ -132,11 +126,6 @@ def test_an_empty_batch_gives_empty_outputs():
     for op in [naive_tree_verify, *_kernel_ops()]:
         o = op(*args)[0]
         assert o.shape == (0, 3, 2, 4)
-
-
-def test_conv_reference_rejects_integer_inputs():
-    with pytest.raises(ValueError, match="x has dtype torch.int64; expected a floating dtype"):
-        naive_tree_conv1d(torch.randint(0, 5, (1, 3, 4)), torch.randn(4, 4), torch.randn(1, 4, 3), [-1, 0, 0])
 
 
 def test_store_all_commit_refuses_an_integer_state():

@@ -102,7 +102,7 @@ def test_hard_regimes_stay_finite_and_match(case, dtype):
 @pytest.mark.parametrize("widths", [(3, 3, 3), (1,) * 9, (2, 1, 3, 1)], ids=str)
 def test_neumann_series_solves_in_depth_products(widths):
     """(I + M) is unit lower triangular and M is nilpotent of index depth + 1: Horner's form is exact."""
-    from treewy.ops.naive import solve_forward, solve_neumann, tree_system
+    from treewy.ops import solve_forward, solve_neumann, tree_system
 
     tree = DraftTree.from_widths(widths)
     # mild decay, strong writes and short keys keep the highest power of M visible

@@ -10,7 +10,8 @@ import torch
 
 import treewy.accept as accept
 from treewy.accept import RULES, sampled, sampled_ref
-from treewy.sampling import Sampling, chi_square, draw_children, sampling_of, second_token_check, toy_check, warp
+from treewy.experiments import chi_square, second_token_check, toy_check
+from treewy.sampling import Sampling, draw_children, sampling_of, warp
 from treewy.testing import random_tree
 from treewy.tree import DraftTree
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from treewy.ops.naive import naive_tree_recurrent
-from treewy.ops.tree_verify.chain import fixed_config
+from treewy.ops import naive_tree_recurrent
+from treewy.ops.verify.chain import fixed_config
 from treewy.serve.reconstruct import (
     ReconstructPools,
     flush_slots,

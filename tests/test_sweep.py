@@ -1,4 +1,4 @@
-"""treewy.sweep: the tidy acceptance frame and the ``treewy sweep`` command."""
+"""treewy.experiments.acceptance: the tidy acceptance frame and the ``treewy sweep`` command."""
 
 import pytest
 import torch
@@ -10,7 +10,7 @@ from treewy.cli import main as cli_main  # noqa: E402
 from treewy.models import build, save, tiny_config  # noqa: E402
 from treewy.models.spec import spec_of  # noqa: E402
 from treewy.models.train_tiny import SIZES  # noqa: E402
-from treewy.sweep import sweep  # noqa: E402
+from treewy.experiments.acceptance import sweep  # noqa: E402
 
 PROMPTS = [[256] + list(b"x = x + 1\nx = x + 1\nx = x"), [256] + list(b"import os\nimport sys\nimport")]
 

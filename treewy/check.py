@@ -4,7 +4,7 @@ For every shape and dtype it reports the relative RMS error, against the fp64 re
 the outputs and of the state committed at every node (the worst node), beside the error of the
 recurrence itself run in that dtype. With --kernels, each Triton kernel against its fp64 reference,
 beside that reference's own error in the row's dtype, within FP32_FACTOR times it in fp32
-(``treewy.ops.parity``). Exits non-zero if any row misses its tolerance or bound.
+(``treewy.bench.parity``). Exits non-zero if any row misses its tolerance or bound.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows))
     ok = all(r["ok"] for r in rows)
     if args.kernels:
-        from treewy.ops.parity import BF16_FACTOR, O_TF32_TOL, kernel_parity_rows
+        from treewy.bench.parity import BF16_FACTOR, O_TF32_TOL, kernel_parity_rows
         from treewy.testing import FP32_FACTOR
 
         krows = kernel_parity_rows(quick=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("treewy.check", "parity suite: closed form vs recurrence on random trees (and kernels)"),
-    "sweep": ("treewy.sweep", "acceptance sweep: tree speculative decoding over held-out prompts"),
+    "sweep": ("treewy.experiments.acceptance", "acceptance sweep: tree speculative decoding over held-out prompts"),
     "serve": ("treewy.serve.cli_serve", "start vLLM with MTP speculation, store_all or reconstruct (TreeWY plugin)"),
     "export-vllm": ("treewy.serve.cli_export", "write a checkpoint (or a dummy-weight config) in the layout vLLM serves"),
     "bench-serve": ("treewy.serve.cli_bench", "serving sweep with vllm bench serve: one tidy row per point"),

@@ -169,7 +169,7 @@ def kernel_targets_frame(path=None) -> pl.DataFrame:
     import json
     from pathlib import Path
 
-    from treewy.ops.benchmark import target_result
+    from treewy.bench.timing import target_result
     from treewy.results import newest_targets
 
     path = Path(path or _newest_targets(newest_targets))

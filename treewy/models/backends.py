@@ -24,9 +24,9 @@ class Ops:
 
 
 def _torch_ops() -> Ops:
-    from treewy.ops.naive import naive_tree_recurrent, naive_tree_verify
-    from treewy.ops.naive_conv import naive_tree_conv1d, naive_tree_conv1d_commit
-    from treewy.ops.pending import naive_flush
+    from treewy.ops import (
+        naive_flush, naive_tree_conv1d, naive_tree_conv1d_commit, naive_tree_recurrent, naive_tree_verify,
+    )
 
     def flush(state, pending):
         return state.copy_(naive_flush(state, pending))
@@ -46,14 +46,16 @@ def _stride(parents: torch.Tensor) -> int:
 
 def _kernel_flush(state, pending):
     """The pending commit applied in place by the commit kernel (accepted = -1 leaves a row unchanged)."""
-    from treewy.ops.tree_commit import tree_commit_fwd
-    return tree_commit_fwd(state, pending.u, pending.k, pending.g, pending.parents, _stride(pending.parents),
-                           pending.accepted, pending.use_qk_l2norm_in_kernel)
+    from treewy.ops.commit.kernel import tree_commit_fwd
+    from treewy.ops.verify.pending import unpack
+
+    u, k, g, parents, accepted, use_qk_l2norm_in_kernel = unpack(pending)
+    return tree_commit_fwd(state, u, k, g, parents, _stride(parents), accepted, use_qk_l2norm_in_kernel)
 
 
 def flush_then_verify(q, k, v, g, beta, initial_state, parents, stride_pb, scale, pending=None, max_depth=None):
     """``tree_verify_fwd(..., pending=pending)`` in two launches: the pending commit in place, then the verify."""
-    from treewy.ops.tree_verify import tree_verify_fwd
+    from treewy.ops.verify.kernel import tree_verify_fwd
     if pending is not None:
         _kernel_flush(initial_state, pending)
     return tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale,
@@ -64,7 +66,7 @@ def fused_step(q, k, v, g, beta, initial_state, parents, stride_pb, scale, pendi
     """One launch: the pending commit folded into the verify (``tree_verify_fwd(..., pending=pending)``);
     ``max_depth``: the window's depth (a chain of T nodes is T - 1 deep and runs the chain kernel; None: T - 1,
     any tree, through the tree kernel)."""
-    from treewy.ops.tree_verify import tree_verify_fwd
+    from treewy.ops.verify.kernel import tree_verify_fwd
     return tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, pending=pending,
                            chain=max_depth == q.shape[1] - 1, max_depth=max_depth)
 
@@ -76,8 +78,8 @@ STEP_LAUNCHER = fused_step
 
 def _kernel_ops() -> Ops:
     """The Triton launchers behind the engine's calling convention (inputs contiguous, parents int32 on device)."""
-    from treewy.ops.store_all import store_all_verify_fwd
-    from treewy.ops.tree_conv import tree_conv1d_commit_fwd, tree_conv1d_fwd
+    from treewy.ops.store_all.kernel import store_all_verify_fwd
+    from treewy.ops.conv.kernel import tree_conv1d_commit_fwd, tree_conv1d_fwd
 
     def tree_step(q, k, v, g, beta, state, parents, pending, max_depth=None):
         return STEP_LAUNCHER(q, k, v, g, beta, state, parents, _stride(parents), q.shape[-1] ** -0.5,

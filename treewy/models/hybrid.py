@@ -26,7 +26,7 @@ from treewy.models.backends import Ops
 from treewy.models.cache import HybridCache
 from treewy.models.layers import attn_window, conv_weight, gdn_inputs, gdn_output, gdn_project, gdn_sequence, mlp, rope
 from treewy.models.spec import GDN_MODES, HybridSpec
-from treewy.ops.pending import PendingCommit
+from treewy.ops.verify.pending import PendingCommit
 from treewy.tree import DraftTree, ancestor_mask
 
 

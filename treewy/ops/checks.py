@@ -20,7 +20,7 @@ class GDNDims:
     V: int
 
 
-def _shape(name: str, x: torch.Tensor, expected: tuple, what: str) -> None:
+def check_shape(name: str, x: torch.Tensor, expected: tuple, what: str) -> None:
     if tuple(x.shape) != tuple(expected):
         raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(expected)} ({what})")
 
@@ -68,7 +68,7 @@ def gdn_dims(q, k, v, g, beta, initial_state) -> GDNDims:
     if q.ndim != 4:
         raise ValueError(f"q has shape {tuple(q.shape)}, expected 4 dims [B, T, H, K]")
     B, T, H, K = q.shape
-    _shape("k", k, (B, T, H, K), "[B, T, H, K] like q")
+    check_shape("k", k, (B, T, H, K), "[B, T, H, K] like q")
     if v.ndim != 4 or tuple(v.shape[:2]) != (B, T):
         raise ValueError(f"v has shape {tuple(v.shape)}, expected [B, T, HV, V] with B = {B}, T = {T}")
     HV, V = v.shape[2], v.shape[3]
@@ -79,9 +79,9 @@ def gdn_dims(q, k, v, g, beta, initial_state) -> GDNDims:
     if HV % H != 0:
         raise ValueError(f"v has HV = {HV} value heads, not a multiple of the H = {H} key heads of q/k "
                          "(GVA needs HV = H * r)")
-    _shape("g", g, (B, T, HV), "[B, T, HV] log decay per node and value head")
-    _shape("beta", beta, (B, T, HV), "[B, T, HV] write strength per node and value head")
-    _shape("initial_state", initial_state, (B, HV, V, K), "[B, HV, V, K], value dim first")
+    check_shape("g", g, (B, T, HV), "[B, T, HV] log decay per node and value head")
+    check_shape("beta", beta, (B, T, HV), "[B, T, HV] write strength per node and value head")
+    check_shape("initial_state", initial_state, (B, HV, V, K), "[B, HV, V, K], value dim first")
     return GDNDims(B, T, H, HV, K, V)
 
 
@@ -153,22 +153,6 @@ def check_accepted(accepted, B: int, T: int, device, *, allow_none: bool = False
         raise ValueError(f"{name} holds {a.tolist()}; every entry must be a node index in {lo}..{T - 1}"
                          + (" (-1 = nothing pending)" if allow_none else ""))
     return a.long()
-
-
-def check_pending(pending, state: torch.Tensor, dims: GDNDims, *, max_nodes: int, values: bool):
-    """Validate a PendingCommit against the state [B, HV, V, K] it will be folded into (the checks of
-    ``tree_commit``, accepted = -1 allowed); return it with int32 parents and accepted on the state's device."""
-    from dataclasses import replace
-
-    from treewy.ops.pending import PendingCommit
-
-    if not isinstance(pending, PendingCommit):
-        raise ValueError(f"pending must be a treewy.ops.PendingCommit, got {type(pending).__name__}")
-    par, _, acc = check_commit_inputs(state, pending.u, pending.k, pending.g, pending.parents, pending.accepted,
-                                      max_nodes=max_nodes, values=values, allow_none=True, prefix="pending.")
-    _shape("pending.k", pending.k, (dims.B, pending.u.shape[1], dims.H, dims.K),
-           "[B, T_prev, H, K]: the previous window's keys")
-    return replace(pending, parents=par, accepted=acc)
 
 
 def check_commit_inputs(state, u, k, g, parents, accepted, *, max_nodes: int, values: bool, allow_none: bool = False,

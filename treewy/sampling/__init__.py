@@ -1,8 +1,8 @@
-"""Sampled tree speculation (temperature > 0): the warp, the drafters' draws, the exact toy and its
-chi-square check. The acceptance rules live in ``treewy.accept``; why each is exact is in README.md."""
+"""Sampled tree speculation (temperature > 0): the warp and the drafters' draws, which the engine uses. The
+acceptance rules live in ``treewy.accept``; why each is exact is in README.md. The checks that sampling keeps the
+target distribution (the exact toy and its chi-square test) and the temperature sweep run the engine, so they sit
+above it, in ``treewy.experiments``."""
 
 from treewy.sampling.params import Sampling, draw_children, sampling_of, warp
-from treewy.sampling.check import ChiSquare, ToyChain, chi_square, second_token_check, sequence_index, toy_check
 
-__all__ = ["ChiSquare", "Sampling", "ToyChain", "chi_square", "draw_children", "sampling_of", "second_token_check",
-           "sequence_index", "toy_check", "warp"]
+__all__ = ["Sampling", "draw_children", "sampling_of", "warp"]

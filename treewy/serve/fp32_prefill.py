@@ -3,7 +3,7 @@
 vLLM's Triton prefill (fla's ``chunk_gated_delta_rule``) asserts "does not support float32", so vLLM 0.26
 cannot start a GDN model in fp32 (measured on an H200, 2026-11-30). With ``TREEWY_FP32_PREFILL=1`` the plugin
 replaces that prefill (``ChunkGatedDeltaRule.forward_native``, what ``--gdn-prefill-backend triton`` runs)
-by ``recurrent_prefill``: the gated delta rule token by token in the inputs' dtype (``treewy.ops.naive.gdn_step``),
+by ``recurrent_prefill``: the gated delta rule token by token in the inputs' dtype (``treewy.ops.gdn.gdn_step``),
 every sequence of the varlen batch at once. It is exact and slow (one step per prompt token per layer, with a
 host sync for the sequence lengths, so prefills never run inside CUDA graphs): it exists for the equality check
 of the two serving modes (benchmarks/vllm_serve_gpu.py ``tiny --dtype float32``), where two GDN kernels that
@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from treewy.ops.naive import gdn_step
+from treewy.ops.gdn import gdn_step
 from treewy.serve import vllm_adapter as adapter
 from treewy.serve.reconstruct import pack_index
 

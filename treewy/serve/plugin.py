@@ -125,7 +125,7 @@ def _layer_class(gdn):
     from vllm.forward_context import get_forward_context
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    from treewy.ops.tree_verify.chain import fixed_config
+    from treewy.ops.verify.chain import fixed_config
 
     class TreeWYGatedDeltaNetAttention(getattr(gdn, adapter.GDN_LAYER)):
         """One state block per request; the pending commit folded into the next verify."""

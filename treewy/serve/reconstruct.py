@@ -4,7 +4,7 @@ A request owns ONE pool slot per GDN layer (store-all owns 1 + k for a chain of 
 holds the state committed before the previous verify window and that window's stash: its
 pseudo-values u, keys k, log decays g and length (a ``treewy.ops.PendingCommit`` kept in the pool).
 A spec step is ONE kernel launch per layer and nothing else (``spec_step`` / ``spec_step_gated``:
-``treewy.ops.tree_verify.chain.chain_spec_step_kernel``): it reads the packed window and (gated) the
+``treewy.ops.verify.chain.chain_spec_step_kernel``): it reads the packed window and (gated) the
 layer's raw gates, reads each request's slot, folds the pending commit into the state in registers
 (the accepted node is ``num_accepted - 1``), writes the state back once, verifies the new window from
 it and writes the new window's u / k / g / length into the stash. No host sync: the step runs inside
@@ -112,9 +112,9 @@ def spec_step(pools: ReconstructPools, slots: torch.Tensor, num_accepted: torch.
     store-all kernel leaves them); num_accepted int [B]: the previous window's accepted count (vLLM's
     ``num_accepted_tokens``; ignored where nothing is pending); q, k [N, H, K] and v [N, HV, V] packed by
     ``cu_seqlens`` [B + 1] (int32: a copy otherwise); g (log decay), beta [N, HV]. ``config``: a ``triton.Config``
-    of the chain kernel (BV, FOLD_ROWS, warps, stages; default ``treewy.ops.tree_verify.chain.fixed_config``).
+    of the chain kernel (BV, FOLD_ROWS, warps, stages; default ``treewy.ops.verify.chain.fixed_config``).
     """
-    from treewy.ops.tree_verify.chain import chain_spec_step_fwd
+    from treewy.ops.verify.chain import chain_spec_step_fwd
 
     q, k, v, cu, slots, acc, scale = _launch_inputs(pools, slots, num_accepted, q, k, v, cu_seqlens, scale)
     return chain_spec_step_fwd(q, k, v, g.contiguous(), beta.contiguous(), None, None, cu, slots, acc, pools.state,
@@ -128,7 +128,7 @@ def spec_step_gated(pools: ReconstructPools, slots: torch.Tensor, num_accepted: 
     """``spec_step`` from the layer's raw gates, as vLLM's fused_sigmoid_gating takes them: a, b [N, HV] (rows past
     N unused), A_log, dt_bias [HV]; g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b) in the kernel
     (``treewy.ops.gates.gdn_gating``). Reference: ``naive_spec_step_gated``."""
-    from treewy.ops.tree_verify.chain import chain_spec_step_fwd
+    from treewy.ops.verify.chain import chain_spec_step_fwd
 
     q, k, v, cu, slots, acc, scale = _launch_inputs(pools, slots, num_accepted, q, k, v, cu_seqlens, scale)
     return chain_spec_step_fwd(q, k, v, a.contiguous(), b.contiguous(), A_log.contiguous(), dt_bias.contiguous(), cu,
@@ -154,7 +154,7 @@ def flush_slots(pools: ReconstructPools, slots: torch.Tensor, accepted: int = 0,
     kernels, which read the slot's state directly). One launch, no host sync (slots <= 0 and slots with nothing
     pending are left as they are), so it runs inside CUDA graphs. Reference: ``naive_flush_slots``.
     """
-    from treewy.ops.tree_verify.chain import chain_spec_step_fwd
+    from treewy.ops.verify.chain import chain_spec_step_fwd
 
     chain_spec_step_fwd(None, None, None, None, None, None, None, None, slots.to(torch.int32), None, pools.state,
                         pools.u, pools.k, pools.g, pools.meta, 1.0, use_qk_l2norm_in_kernel, accepted=accepted)

@@ -10,7 +10,7 @@ from treewy_lab.charts import kernel_timing_chart, node_errors_chart
 from treewy_lab.frames import node_errors_frame
 from treewy_lab.panels.base import Panel
 from treewy.env import MISSING_TRITON, has_triton
-from treewy.ops.parity import node_errors
+from treewy.bench.parity import node_errors
 from treewy.paper import SHAPES
 from treewy.tree import DraftTree
 
@@ -87,7 +87,7 @@ class TimingPanel(Panel):
             self.status.value = "timings need a CUDA GPU; the committed H200 results are plotted below"
 
     def update(self) -> None:
-        from treewy.ops.benchmark import MODELS, run_case
+        from treewy.bench.timing import MODELS, run_case
 
         v = {k: c.value for k, c in self.controls.items()}
         total = torch.cuda.get_device_properties(0).total_memory

@@ -10,7 +10,7 @@ import torch
 from treewy_lab.charts import vectors_chart
 from treewy_lab.frames import vectors_frame
 from treewy_lab.panels.base import Panel
-from treewy.ops.naive import gdn_step, gdn_step_textbook
+from treewy.ops import gdn_step, gdn_step_textbook
 from treewy.tree import as_int
 
 

@@ -71,7 +71,7 @@ class SweepPanel(Panel):
 
     def _sweep(self, v: dict) -> pl.DataFrame:
         from treewy.models.corpus import heldout_prompts
-        from treewy.sweep import sweep
+        from treewy.experiments.acceptance import sweep
 
         model = _model(self)
         prompts = heldout_prompts(v["prompts"], 96, seed=0)
@@ -188,7 +188,7 @@ class TemperaturePanel(Panel):
 
     def _sweep(self, v: dict) -> pl.DataFrame:
         from treewy.models.corpus import heldout_prompts
-        from treewy.sampling.sweep import temperature_sweep
+        from treewy.experiments.sampling_sweep import temperature_sweep
 
         def on_job(i, n, job):
             self.progress.max, self.progress.value = n, i

@@ -10,6 +10,7 @@ import torch
 import triton
 
 from treewy.ops._triton import INTERPRET
+from treewy.ops.verify.pending import unpack
 
 #: Environment variable that forces the dot-product precision of the tensor-core kernels: "ieee" runs the
 #: exact fp32 path of GPUs without tf32 (sm_75, the T4) on any GPU; "tf32" the default of sm_80 and later.
@@ -82,7 +83,6 @@ def pending_args(pending, placeholder):
     strides) of a validated PendingCommit, or placeholders (never read) when there is none."""
     if pending is None:
         return placeholder, placeholder, placeholder, placeholder, placeholder, 1, 0, False, (0, 0, 0)
-    ppar = pending.parents
-    PT = pending.u.shape[1]
-    return (pending.u, pending.k, pending.g, ppar, pending.accepted, PT, 0 if ppar.ndim == 1 else PT,
-            pending.use_qk_l2norm_in_kernel, (pending.u.stride(0), pending.k.stride(0), pending.g.stride(0)))
+    pu, pk, pg, ppar, pacc, pl2 = unpack(pending)
+    PT = pu.shape[1]
+    return pu, pk, pg, ppar, pacc, PT, 0 if ppar.ndim == 1 else PT, pl2, (pu.stride(0), pk.stride(0), pg.stride(0))

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from treewy.ops._triton import is_capturing
 from treewy.ops.checks import check_commit_inputs, contiguous
-from treewy.ops.tree_verify.common import MAX_KERNEL_NODES, _program
+from treewy.ops.common import MAX_KERNEL_NODES, _program
 
 
 @triton.jit(do_not_specialize=["stride_pb"])

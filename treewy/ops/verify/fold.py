@@ -15,7 +15,7 @@ from treewy.ops import _triton  # noqa: F401  (sets TRITON_INTERPRET before any 
 import triton
 import triton.language as tl
 
-from treewy.ops.tree_verify.common import _gather
+from treewy.ops.common import _gather
 
 #: Path rows folded per pass of the fold loop: their u and k rows are loaded together (independent
 #: loads), and a path of d + 1 rows takes ceil((d + 1) / FOLD_ROWS) passes. 4 covers every depth-3 tree.

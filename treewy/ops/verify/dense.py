@@ -30,11 +30,11 @@ import triton
 import triton.language as tl
 
 from treewy.ops._triton import INTERPRET
-from treewy.ops.tree_verify.common import _ancestors, _dot_fp32, _tf32_hi
-from treewy.ops.tree_verify.select import DENSE_MAX_NODES
-from treewy.ops.tree_verify.fold import (FOLD_PAD, FOLD_ROWS, _fold_row, _fold_slot, _fold_tile, _pending_key_scale,
+from treewy.ops.common import _ancestors, _dot_fp32, _tf32_hi
+from treewy.ops.verify.select import DENSE_MAX_NODES
+from treewy.ops.verify.fold import (FOLD_PAD, FOLD_ROWS, _fold_row, _fold_slot, _fold_tile, _pending_key_scale,
                                          _pending_path, _request_bases)
-from treewy.ops.tree_verify.tuning import AUTOTUNE_EXTRA, KEY, batch_bucket, fit_v, pending_args
+from treewy.ops.verify.tuning import AUTOTUNE_EXTRA, KEY, batch_bucket, fit_v, pending_args
 
 #: (BV, warps, stages, register cap) the kernel is tuned over, per precision and padded window BT. A cap below what
 #: the compiler would take fits more programs per SM at the price of spills; the autotuner weighs the two.

@@ -47,10 +47,10 @@ import triton
 import triton.language as tl
 
 from treewy.ops._triton import INTERPRET
-from treewy.ops.tree_verify.common import _dot_fp32, _program
-from treewy.ops.tree_verify.fold import (FOLD_PAD, FOLD_ROWS, HOIST_FOLD_SLOTS, _fold_chunk, _fold_rows, _fold_tile,
+from treewy.ops.common import _dot_fp32, _program
+from treewy.ops.verify.fold import (FOLD_PAD, FOLD_ROWS, HOIST_FOLD_SLOTS, _fold_chunk, _fold_rows, _fold_tile,
                                          _pending_key_scale, _pending_path, _request_bases)
-from treewy.ops.tree_verify.tuning import AUTOTUNE_EXTRA, KEY_DOTS, batch_bucket, fit_v, pending_args
+from treewy.ops.verify.tuning import AUTOTUNE_EXTRA, KEY_DOTS, batch_bucket, fit_v, pending_args
 
 #: Padded windows from which the split launch's streaming kernel reads the tables column by column
 #: (``_path_sums_from_tables``: no column picked out of a tile by a reduction); narrower ones read [BT, BD] tiles,

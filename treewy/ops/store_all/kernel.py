@@ -24,7 +24,7 @@ import triton.language as tl
 
 from treewy.ops._triton import is_capturing
 from treewy.ops.checks import check_accepted, check_gdn_kernel_inputs, check_scale, check_tensor, contiguous
-from treewy.ops.tree_verify.common import MAX_KERNEL_NODES, _program, _recurrent_node
+from treewy.ops.common import MAX_KERNEL_NODES, _program, _recurrent_node
 
 
 @triton.jit(do_not_specialize=["stride_pb", "stride_hb"])

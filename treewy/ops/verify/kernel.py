@@ -13,14 +13,15 @@ from dataclasses import replace
 import torch
 
 from treewy.ops._triton import is_capturing
-from treewy.ops.checks import check_gdn_kernel_inputs, check_pending, check_scale, contiguous
-from treewy.ops.pending import PendingCommit
-from treewy.ops.tree_verify.chain import chain_fwd, tree_verify_chain_kernel
-from treewy.ops.tree_verify.common import MAX_KERNEL_NODES
-from treewy.ops.tree_verify.dense import dense_fwd, tree_verify_dense_kernel
-from treewy.ops.tree_verify.path import path_fwd, path_tables_kernel, tree_verify_path_kernel
-from treewy.ops.tree_verify.select import KERNELS, select_kernel
-from treewy.ops.tree_verify.tuning import check_dot_precision
+from treewy.ops.checks import GDNDims, check_commit_inputs, check_gdn_kernel_inputs, check_scale, check_shape, contiguous
+from treewy.ops.commit.kernel import tree_commit
+from treewy.ops.common import MAX_KERNEL_NODES
+from treewy.ops.verify.chain import chain_fwd, tree_verify_chain_kernel
+from treewy.ops.verify.dense import dense_fwd, tree_verify_dense_kernel
+from treewy.ops.verify.path import path_fwd, path_tables_kernel, tree_verify_path_kernel
+from treewy.ops.verify.pending import PendingCommit, unpack
+from treewy.ops.verify.select import KERNELS, select_kernel
+from treewy.ops.verify.tuning import check_dot_precision
 from treewy.tree import DraftTree, path_depth
 
 #: The kernels behind each family name (launch order), for profilers and the offline compiler.
@@ -64,6 +65,19 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
                     use_qk_l2norm_in_kernel, o, u, dot_precision,
                     max_depth=T - 1 if chain else max_depth, config=config, state_indices=state_indices,
                     split=kernel == "path_split")
+
+
+def check_pending(pending, state, dims: GDNDims, *, max_nodes: int, values: bool):
+    """Validate a PendingCommit against the state [B, HV, V, K] it will be folded into (the checks of
+    ``tree_commit``, accepted = -1 allowed); return it with int32 parents and accepted on the state's device."""
+    if not isinstance(pending, PendingCommit):
+        raise ValueError(f"pending must be a treewy.ops.PendingCommit, got {type(pending).__name__}")
+    u, k, g, parents, accepted, _ = unpack(pending)
+    par, _, acc = check_commit_inputs(state, u, k, g, parents, accepted, max_nodes=max_nodes, values=values,
+                                      allow_none=True, prefix="pending.")
+    check_shape("pending.k", k, (dims.B, u.shape[1], dims.H, dims.K),
+           "[B, T_prev, H, K]: the previous window's keys")
+    return replace(pending, parents=par, accepted=acc)
 
 
 def _host(x, device_tensor: torch.Tensor | None, capturing: bool) -> torch.Tensor | None:
@@ -123,7 +137,7 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     values = not capturing
     q, k, v, g, beta = contiguous(q, k, v, g, beta)
     if isinstance(pending, PendingCommit):
-        pending = replace(pending, **dict(zip("ukg", contiguous(pending.u, pending.k, pending.g))))
+        pending = replace(pending, **dict(zip("ukg", contiguous(*unpack(pending)[:3]))))
     dims, par, stride_pb, nn = check_gdn_kernel_inputs(q, k, v, g, beta, initial_state, parents, num_nodes,
                                                        max_nodes=MAX_KERNEL_NODES, values=values)
     if pending is not None:
@@ -158,3 +172,14 @@ def tree_verify(q, k, v, g, beta, initial_state, parents, scale=None, use_qk_l2n
     return tree_verify_fwd(q, k, v, g, beta, initial_state, par, stride_pb, scale, use_qk_l2norm_in_kernel, nn,
                            dot_precision=dot_precision, pending=pending, kernel=kernel, chain=bool(chain),
                            max_depth=max_depth)
+
+
+def flush_pending(state, pending: PendingCommit):
+    """Apply a pending commit now, in place (kernel twin of ``naive_flush``); returns ``state``.
+
+    Rows whose accepted node is -1 are left unchanged. Use it when the state must be materialized:
+    the request finishes or is preempted, or someone else reads the state.
+    """
+    u, k, g, parents, accepted, use_qk_l2norm_in_kernel = unpack(pending)
+    return tree_commit(state, u, k, g, parents, accepted, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                       allow_none=True)

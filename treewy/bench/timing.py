@@ -20,11 +20,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from treewy.ops.naive import naive_tree_verify
-from treewy.ops.pending import PendingCommit
-from treewy.ops.store_all import store_all_verify_fwd
-from treewy.ops.tree_commit import tree_commit_fwd
-from treewy.ops.tree_verify import tree_verify_fwd
+from treewy.ops.verify.naive import naive_tree_verify
+from treewy.ops.verify.pending import PendingCommit
+from treewy.ops.store_all.kernel import store_all_verify_fwd
+from treewy.ops.commit.kernel import tree_commit_fwd
+from treewy.ops.verify.kernel import tree_verify_fwd
 from treewy.paper import SHAPES
 from treewy.tree import DraftTree
 

@@ -24,7 +24,7 @@ from treewy.ops.checks import (
     check_accepted, check_contiguous, check_finite, check_kernel_device, check_kernel_dtype, check_kernel_nodes,
     check_tensor, contiguous, conv_dims, kernel_parents,
 )
-from treewy.ops.tree_verify.common import MAX_KERNEL_NODES
+from treewy.ops.common import MAX_KERNEL_NODES
 
 MAX_CONV_WIDTH = 8
 

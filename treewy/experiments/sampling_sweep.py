@@ -1,5 +1,5 @@
 """Acceptance length against temperature: sampled tree speculation over held-out prompts, one row per
-(drafter, tree shape, rule, temperature). Columns: those of ``treewy.sweep.summarize`` (acceptance with
+(drafter, tree shape, rule, temperature). Columns: those of ``treewy.experiments.acceptance.summarize`` (acceptance with
 its 95 % interval over prompts, device, date...) plus rule, temperature, top_k, top_p and seed.
 Temperature 0 is greedy for every rule: it runs once and its row is repeated under each rule."""
 
@@ -44,7 +44,7 @@ def temperature_sweep(model, prompts, drafters=("mtp", "ngram"), shapes=SHAPES, 
     import polars as pl
 
     from treewy.decode import generate
-    from treewy.sweep import device_name, progress_bar, summarize
+    from treewy.experiments.acceptance import device_name, progress_bar, summarize
 
     param = next(model.parameters())
     dev = f"CPU: {cpu_name()}" if param.device.type == "cpu" else device_name(param.device)

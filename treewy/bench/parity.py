@@ -65,7 +65,7 @@ def kernel_parity_rows(device=None, quick: bool = True) -> list[dict]:
         naive_tree_step, naive_tree_verify, store_all_verify, tree_commit, tree_conv1d, tree_conv1d_commit,
         tree_verify,
     )
-    from treewy.ops.tree_verify import default_dot_precision
+    from treewy.ops.verify.tuning import default_dot_precision
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     on_gpu = device.type == "cuda"
@@ -140,7 +140,7 @@ def node_errors(tree: DraftTree, B: int = 2, H: int = 2, HV: int = 4, K: int = 1
     relative RMS against the fp64 recurrence (the store-all truth) on the kernel's inputs (drawn in fp32), with
     the bound that applies (``bound``: from the recurrence itself run in ``dtype``)."""
     from treewy.ops import naive_tree_recurrent, tree_commit, tree_verify
-    from treewy.ops.tree_verify import default_dot_precision
+    from treewy.ops.verify.tuning import default_dot_precision
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     x = random_gdn_inputs(tree, B=B, H=H, HV=HV, K=K, V=V, seed=seed, device=device, g_min=-1.0,
@@ -178,7 +178,7 @@ def folded_drift(steps: int = 200, B: int = 2, H: int = 1, HV: int = 1, K: int =
     window not known to be a chain). ``progress``: optional callable(step).
     """
     from treewy.ops import PendingCommit, flush_pending, naive_tree_recurrent
-    from treewy.ops.tree_verify import tree_verify_fwd
+    from treewy.ops.verify.kernel import tree_verify_fwd
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     gen = torch.Generator().manual_seed(seed)

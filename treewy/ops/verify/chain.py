@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 
 from treewy.ops._triton import INTERPRET
-from treewy.ops.tree_verify.common import _delta_node, _gates, _program, _recurrent_node
-from treewy.ops.tree_verify.fold import (
+from treewy.ops.common import _delta_node, _gates, _program, _recurrent_node
+from treewy.ops.verify.fold import (
     FOLD_ROWS,
     _chain_pending_path,
     _fold_tile,
@@ -36,7 +36,7 @@ from treewy.ops.tree_verify.fold import (
     _pending_path,
     _request_bases,
 )
-from treewy.ops.tree_verify.tuning import AUTOTUNE_EXTRA, KEY, batch_bucket, fit_v, pending_args
+from treewy.ops.verify.tuning import AUTOTUNE_EXTRA, KEY, batch_bucket, fit_v, pending_args
 
 
 def _configs():

@@ -1,0 +1,88 @@
+"""The tree conv1d: the reference is nn.Conv1d over each node's own path (a chain: over the history), and the
+kernels match the reference."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from treewy.ops import naive_tree_conv1d, naive_tree_conv1d_commit, tree_conv1d, tree_conv1d_commit
+from treewy.testing import assert_close_fp32 as close
+from treewy.testing import random_tree
+from treewy.tree import DraftTree
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def conv_over_sequence(seq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Causal depthwise conv + SiLU over [B, L, C] with nn.functional.conv1d; last output per position."""
+    C, W = weight.shape
+    y = F.conv1d(seq.transpose(1, 2), weight[:, None, :], groups=C)  # valid conv: [B, C, L - W + 1]
+    return F.silu(y.transpose(1, 2))
+
+
+def test_every_node_convolves_its_own_path():
+    gen = torch.Generator().manual_seed(0)
+    B, C, W = 2, 6, 4
+    for trial in range(10):
+        tree = random_tree(int(torch.randint(1, 20, (1,), generator=gen)), gen)
+        x = torch.randn(B, tree.num_nodes, C, dtype=torch.float64, generator=gen)
+        weight = torch.randn(C, W, dtype=torch.float64, generator=gen)
+        state = torch.randn(B, C, W - 1, dtype=torch.float64, generator=gen)
+        y = naive_tree_conv1d(x, weight, state, tree)
+        for t in range(tree.num_nodes):
+            seq = torch.cat([state.transpose(1, 2), x[:, tree.path(t)]], 1)  # history then the path
+            ref = conv_over_sequence(seq, weight)[:, -1]
+            torch.testing.assert_close(y[:, t], ref, rtol=1e-12, atol=1e-12)
+            new_state = naive_tree_conv1d_commit(x, state, tree, torch.full((B,), t))
+            torch.testing.assert_close(new_state, seq[:, -(W - 1):].transpose(1, 2), rtol=0, atol=0)
+
+
+CONV_CASES = [
+    ("tree221-w4-bias", 2, 37, 4, True, "silu", DraftTree.from_widths((2, 2, 1))),
+    ("chain5-w2", 1, 20, 2, False, "silu", DraftTree.chain(5)),
+    ("star4-w4-linear", 2, 16, 4, False, None, DraftTree.from_widths((4,))),
+]
+
+
+@pytest.mark.parametrize("name,B,C,W,has_bias,act,tree", CONV_CASES, ids=[c[0] for c in CONV_CASES])
+def test_tree_conv1d_and_commit_match_reference(name, B, C, W, has_bias, act, tree):
+    T = len(tree)
+    gen = torch.Generator().manual_seed(23)
+    x = torch.randn(B, T, C, generator=gen).to(DEVICE)
+    w = torch.randn(C, W, generator=gen).to(DEVICE)
+    cs = torch.randn(B, C, W - 1, generator=gen).to(DEVICE)
+    bias = torch.randn(C, generator=gen).to(DEVICE) if has_bias else None
+    y = tree_conv1d(x, w, cs, tree, bias, act)
+    close("y", y, *(naive_tree_conv1d(x.to(dt), w.to(dt), cs.to(dt), tree, None if bias is None else bias.to(dt), act)
+                    for dt in (torch.float64, torch.float32)))
+    for a in range(T):
+        acc = torch.full((B,), a)
+        c2 = cs.clone()
+        tree_conv1d_commit(x, c2, tree, acc)
+        assert torch.equal(c2, naive_tree_conv1d_commit(x, cs, tree, acc))
+
+
+def test_tree_conv1d_per_request_topologies():
+    B, T, C, W = 3, 9, 24, 4
+    gen = torch.Generator().manual_seed(29)
+    parents = torch.tensor([random_tree(T, gen).parents.tolist() for _ in range(B)], dtype=torch.int32)
+    x, w, cs = torch.randn(B, T, C), torch.randn(C, W), torch.randn(B, C, W - 1)
+    y = tree_conv1d(x.to(DEVICE), w.to(DEVICE), cs.to(DEVICE), parents)
+    close("y", y, naive_tree_conv1d(x.double(), w.double(), cs.double(), parents), naive_tree_conv1d(x, w, cs, parents))
+    acc = torch.tensor([8, 0, 5])
+    c2 = cs.clone().to(DEVICE)
+    tree_conv1d_commit(x.to(DEVICE), c2, parents, acc)
+    assert torch.equal(c2.cpu(), naive_tree_conv1d_commit(x, cs, parents, acc))
+
+
+# ---- validation at the door ----
+
+def test_conv_rejects_wrong_state_shape():
+    x = torch.randn(2, 4, 6)
+    with pytest.raises(ValueError, match=r"conv_state has shape \(2, 6, 4\), expected \[B, C, W - 1\]"):
+        naive_tree_conv1d(x, torch.randn(6, 4), torch.randn(2, 6, 4), DraftTree.from_widths((2, 1)))
+
+
+def test_conv_reference_rejects_integer_inputs():
+    with pytest.raises(ValueError, match="x has dtype torch.int64; expected a floating dtype"):
+        naive_tree_conv1d(torch.randint(0, 5, (1, 3, 4)), torch.randn(4, 4), torch.randn(1, 4, 3), [-1, 0, 0])
