@@ -31,6 +31,7 @@ import importlib
 import os
 
 
+from treewy.memory import check_tp
 from treewy.serve import fp32_prefill
 from treewy.serve import vllm_adapter as adapter
 from treewy.serve.reconstruct import ReconstructPools, flush_slots, stash_layout, vllm_spec_update
@@ -51,11 +52,21 @@ def speculative_blocks(num_spec: int) -> int:
     return num_spec if os.environ.get("TREEWY_EQUAL_BLOCKS", "0") == "1" else 0
 
 
+def rank_heads(*, tp: int, num_k_heads: int, num_v_heads: int) -> tuple[int, int]:
+    """(H, HV): the GDN key and value heads of one tensor-parallel rank. vLLM 0.26 shards both evenly and gives rank
+    r the r-th contiguous block of each (qwen_gdn_linear_attn: ``num_k_heads // tp_size``, ``divide(num_v_heads,
+    tp_size)``), so a rank's stash holds its own heads only; a ``tp`` that does not split them is refused."""
+    check_tp(tp, {"GDN key": num_k_heads, "GDN value": num_v_heads}, model="the model", arg="tensor_parallel_size")
+    return num_k_heads // tp, num_v_heads // tp
+
+
 def page_layout(stock_shapes, stock_dtypes, *, tp: int, num_k_heads: int, num_v_heads: int, head_k_dim: int,
                 head_v_dim: int, num_spec: int):
-    """(shapes, dtypes) of one reconstruct page: vLLM's own (conv, state), then the stash."""
-    shapes, dtypes = stash_layout(H=num_k_heads // tp, HV=num_v_heads // tp, K=head_k_dim, V=head_v_dim,
-                                  max_nodes=num_spec + 1)
+    """(shapes, dtypes) of one reconstruct page of one rank: vLLM's own (conv, state; already per rank), then the
+    stash of the rank's heads. ``num_k_heads`` / ``num_v_heads`` are the model's (all ranks), as vLLM's layer and
+    config hold them."""
+    H, HV = rank_heads(tp=tp, num_k_heads=num_k_heads, num_v_heads=num_v_heads)
+    shapes, dtypes = stash_layout(H=H, HV=HV, K=head_k_dim, V=head_v_dim, max_nodes=num_spec + 1)
     return tuple(stock_shapes) + shapes, tuple(stock_dtypes) + dtypes
 
 

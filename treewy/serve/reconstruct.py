@@ -97,6 +97,11 @@ def _launch_inputs(pools: ReconstructPools, slots, num_accepted, q, k, v, cu_seq
     if cu_seqlens.shape[0] < B + 1:
         raise ValueError(f"cu_seqlens has {cu_seqlens.shape[0]} entries for {B} slots: expected B + 1 = {B + 1} "
                          "(pass the spec rows' query_start_loc[:B + 1])")
+    HV, H = pools.state.shape[1], pools.k.shape[2]
+    if v.shape[-2] != HV or k.shape[-2] != H:
+        raise ValueError(f"the window has {k.shape[-2]} key / {v.shape[-2]} value heads, the pools {H} / {HV}: under "
+                         "tensor parallelism a rank's pages hold that rank's heads only (plugin.page_layout with the "
+                         "rank's tensor_parallel_size)")
     q, k, v = (x.contiguous() for x in (q, k, v))
     return (q, k, v, cu_seqlens.to(torch.int32), slots.to(torch.int32), num_accepted[:B].to(torch.int32),
             q.shape[-1] ** -0.5 if scale is None else scale)
