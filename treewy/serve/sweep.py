@@ -49,18 +49,23 @@ class Workload:
     dataset: str
     input_len: int | None = None
     output_len: int | None = None
-    path_file: str | None = None  # file name under --dataset-dir for datasets read from disk
+    path_file: str | None = None  # file name under --dataset-dir, or the absolute path of a file shipped in treewy
     range_ratio: float = 0.0      # random dataset: lengths uniform within +- this fraction
+    extra_args: tuple[str, ...] = ()
 
     def bench_args(self, dataset_dir: str | None) -> list[str]:
         args = ["--dataset-name", self.dataset]
         if self.path_file is not None:
-            if not dataset_dir:
-                raise ServeError(f"dataset {self.dataset!r} is read from disk: pass --dataset-dir holding "
-                                 f"{self.path_file}")
-            path = Path(dataset_dir) / self.path_file
-            if not path.is_file():
-                raise ServeError(f"{path} does not exist: put {self.path_file} in --dataset-dir")
+            path = Path(self.path_file)
+            if not path.is_absolute():
+                if not dataset_dir:
+                    raise ServeError(f"dataset {self.dataset!r} is read from disk: pass --dataset-dir holding "
+                                     f"{self.path_file}")
+                path = Path(dataset_dir) / self.path_file
+                if not path.is_file():
+                    raise ServeError(f"{path} does not exist: put {self.path_file} in --dataset-dir")
+            elif not path.is_file():
+                raise ServeError(f"{path} does not exist: the package's prompt file is missing; reinstall treewy")
             args += ["--dataset-path", str(path)]
         if self.dataset == "random":
             args += ["--random-input-len", str(self.input_len), "--random-output-len", str(self.output_len),
@@ -69,11 +74,14 @@ class Workload:
             args += ["--spec-bench-output-len", str(self.output_len)]
         elif self.dataset == "sharegpt" and self.output_len:
             args += ["--sharegpt-output-len", str(self.output_len)]
-        return args
+        elif self.dataset == "custom" and self.output_len:
+            args += ["--custom-output-len", str(self.output_len)]
+        return args + list(self.extra_args)
 
 
 #: The one workload catalogue (treewy.workloads, which the simulator samples too) as vllm bench serve arguments.
-WORKLOADS: dict[str, Workload] = {name: Workload(w.dataset, w.input_len, w.output_len, w.path_file, w.range_ratio)
+WORKLOADS: dict[str, Workload] = {name: Workload(w.dataset, w.input_len, w.output_len, w.path_file, w.range_ratio,
+                                           w.extra_args)
                                   for name, w in CATALOGUE.items()}
 
 
