@@ -263,3 +263,70 @@ def test_reference_is_vllms_own_state_shape_function():
                                                    hf.linear_key_head_dim, hf.linear_value_head_dim,
                                                    hf.linear_conv_kernel_dim, K_SPEC)
             assert tuple(got) == vllm_gdn_page(hf, tp, K_SPEC)[0], (name, tp)
+
+
+# --- treewy serve / bench-serve --tp N ----------------------------------------------------------------------------
+
+sys.path.insert(0, str(Path(__file__).parent / "serve_fakes"))
+import support  # noqa: E402
+
+from treewy.cli import main  # noqa: E402
+from treewy.serve.launcher import visible_gpus  # noqa: E402
+
+SMI = [("0", "GPU-aa11", "NVIDIA H200"), ("1", "GPU-bb22", "NVIDIA H100"), ("2", "GPU-cc33", "NVIDIA H200")]
+
+
+@pytest.mark.parametrize("cvd,want", [(None, 3), ("", 0), ("-1", 0), ("1", 1), ("2,0", 2), ("GPU-bb", 1),
+                                      ("0,7,1", 1), ("GPU-zz,0", 0), (" 0, 1 ", 2)])
+def test_visible_gpus_follow_cuda_visible_devices(cvd, want):
+    """Indices or uuid prefixes, up to the first entry that names no device (CUDA's rule); empty: none."""
+    names = visible_gpus(SMI, cvd)
+    assert len(names) == want
+    if cvd == "1":
+        assert names == ["NVIDIA H100"]
+
+
+def _gpu_env(tmp_path, monkeypatch, n: int, cvd: str | None):
+    bin_dir = support.fake_vllm_bin(tmp_path)
+    support.fake_nvidia_smi(bin_dir, n)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    if cvd is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", cvd)
+    log = tmp_path / "bench_calls.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_CALL_LOG", str(log))
+    return log
+
+
+@pytest.mark.parametrize("command", ["serve", "bench-serve"])
+@pytest.mark.parametrize("n,cvd,where", [(1, None, "this machine has 1"),
+                                         (4, "2", "CUDA_VISIBLE_DEVICES='2' shows 1 of the 4 on this machine")])
+def test_too_few_visible_gpus_for_tp_is_one_line_before_vllm_starts(tmp_path, monkeypatch, capsys, command, n, cvd,
+                                                                   where):
+    calls = _gpu_env(tmp_path, monkeypatch, n, cvd)
+    args = [command, "--model", str(support.checkpoint(tmp_path)), "--tp", "2", "--port", str(support.free_port())]
+    if command == "bench-serve":
+        args += ["--workloads", "smoke", "--concurrency", "1", "--out", str(tmp_path / "t.parquet")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"treewy {command}: error: --tp 2 needs 2 GPUs, 1 visible ({where}): lower --tp to 1 or less, " \
+                  "or make more GPUs visible"
+    assert not calls.exists() and not (tmp_path / "t.parquet").exists()
+
+
+def test_bench_serve_tp_reaches_vllm_and_every_row(tmp_path, monkeypatch):
+    """--tp 2 on two visible GPUs: vLLM gets --tensor-parallel-size 2, and each tidy row records tp = 2."""
+    import polars as pl
+
+    _gpu_env(tmp_path, monkeypatch, 4, "3,1")
+    out = tmp_path / "tp.parquet"
+    assert main(["bench-serve", "--model", str(support.checkpoint(tmp_path)), "--tp", "2", "--port",
+                 str(support.free_port()), "--workloads", "smoke", "--num-prompts", "2", "--concurrency", "1,2",
+                 "--modes", "reconstruct", "--out", str(out), "--metrics-interval", "0.05", "--health-timeout", "30",
+                 "--point-timeout", "60", "--no-progress"]) == 0
+    df = pl.read_parquet(out)
+    assert df.height == 2 and df["error"].is_null().all() and (df["tp"] == 2).all()
+    assert (df["device"] == "NVIDIA H200").all()
+    log = (tmp_path / "tp_results" / "server-reconstruct.log").read_text()
+    assert "tensor_parallel_size=2" in log

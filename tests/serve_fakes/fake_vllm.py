@@ -59,6 +59,7 @@ def serve(argv: list[str]) -> int:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--speculative-config", default='{"num_speculative_tokens": 3}')
     p.add_argument("--served-model-name")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
     args, _ = p.parse_known_args(argv)
     if os.environ.get("FAKE_VLLM_FAIL_START"):
         print("ERROR fake vllm: CUDA out of memory while loading weights", flush=True)
@@ -81,7 +82,7 @@ def serve(argv: list[str]) -> int:
     elif "synthetic_acceptance_rates" in spec:
         print("ValueError: synthetic_acceptance_rates are only valid with rejection_sample_method='synthetic'.")
         return 1
-    print(f"INFO speculative_config={json.dumps(spec)}", flush=True)
+    print(f"INFO speculative_config={json.dumps(spec)}, tensor_parallel_size={args.tensor_parallel_size}", flush=True)
     name = args.served_model_name or args.model
 
     class Handler(BaseHTTPRequestHandler):

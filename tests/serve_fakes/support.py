@@ -22,6 +22,15 @@ def fake_vllm_bin(tmp_path: Path) -> Path:
     return d
 
 
+def fake_nvidia_smi(bin_dir: Path, n: int) -> Path:
+    """An ``nvidia-smi`` in ``bin_dir`` listing ``n`` H200s (index, uuid, name), as the launcher queries it."""
+    exe = bin_dir / "nvidia-smi"
+    rows = "\\n".join(f"{i}, GPU-fake-{i:04d}, NVIDIA H200" for i in range(n))
+    exe.write_text(f"#!/bin/sh\nprintf '{rows}\\n'\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return exe
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

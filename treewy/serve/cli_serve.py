@@ -101,7 +101,7 @@ def describe(opts: ServeOptions) -> list[str]:
 def preflight(opts: ServeOptions, *, gpu_check: bool = True) -> str:
     """Every check that can fail before vLLM starts; returns the device name."""
     check_vllm_installed(opts.vllm)
-    device = check_gpu() if gpu_check else "unchecked"
+    device = check_gpu(opts.tp) if gpu_check else "unchecked"
     check_mtp_weights(opts.model, weights=not dummy_weights(opts))
     check_port_free(opts.host, opts.port)
     return device

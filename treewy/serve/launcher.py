@@ -316,20 +316,53 @@ def check_vllm_installed(exe: str = "vllm") -> str:
     return path
 
 
-def check_gpu() -> str:
-    """The first GPU's name, or a ServeError saying there is none."""
+def visible_gpus(gpus: list[tuple[str, str, str]], cuda_visible: str | None) -> list[str]:
+    """Names of the GPUs a CUDA process sees: ``gpus`` as nvidia-smi lists them (index, uuid, name), filtered by
+    CUDA_VISIBLE_DEVICES as CUDA reads it (indices or GPU- / MIG- uuid prefixes, up to the first entry that names
+    no device; empty: none)."""
+    if cuda_visible is None:
+        return [name for _, _, name in gpus]
+    seen: list[str] = []
+    for entry in (e.strip() for e in cuda_visible.split(",")):
+        if entry.isdigit():
+            hit = [g for g in gpus if g[0] == str(int(entry))]
+        elif entry.startswith(("GPU-", "MIG-")):
+            hit = [g for g in gpus if g[1].startswith(entry)] or ([("", entry, entry)] if entry.startswith("MIG-")
+                                                                  else [])
+        else:
+            hit = []
+        if len(hit) != 1:
+            break
+        if hit[0][1] not in seen:
+            seen.append(hit[0][1])
+    return [next((n for _, u, n in gpus if u == uuid), uuid) for uuid in seen]
+
+
+def check_gpu(tp: int = 1) -> str:
+    """The first visible GPU's name; a ServeError when there is none, or fewer than ``tp`` (vLLM's
+    --tensor-parallel-size) are visible to this process (CUDA_VISIBLE_DEVICES honoured)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         raise ServeError("no GPU: nvidia-smi is not on PATH. vLLM serving needs an NVIDIA GPU; "
                          "use --dry-run to print the command on this machine")
     try:
-        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+        out = subprocess.run([smi, "--query-gpu=index,uuid,name", "--format=csv,noheader"], capture_output=True,
                              text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ServeError(f"no GPU: nvidia-smi failed ({e})") from None
-    names = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
-    if out.returncode != 0 or not names:
+    rows = [tuple(c.strip() for c in ln.split(",", 2)) for ln in out.stdout.splitlines() if ln.strip()]
+    gpus = [r for r in rows if len(r) == 3]
+    if out.returncode != 0 or not gpus:
         raise ServeError(f"no GPU: nvidia-smi found none ({(out.stderr or out.stdout).strip()[:200]})")
+    cuda_visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = visible_gpus(gpus, cuda_visible)
+    if len(names) < tp:
+        where = (f"CUDA_VISIBLE_DEVICES={cuda_visible!r} shows {len(names)} of the {len(gpus)} on this machine"
+                 if cuda_visible is not None else f"this machine has {len(gpus)}")
+        need = f"--tp {tp} needs {tp} GPU{'s' if tp > 1 else ''}"
+        raise ServeError(f"{need}, {len(names)} visible ({where}): lower --tp to {len(names)} or less, or make more "
+                         "GPUs visible" if names else
+                         f"{need}, none visible ({where}): unset CUDA_VISIBLE_DEVICES or list the GPUs to use in it")
     return names[0]
 
 
