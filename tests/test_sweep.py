@@ -10,7 +10,9 @@ from treewy.cli import main as cli_main  # noqa: E402
 from treewy.models import build, save, tiny_config  # noqa: E402
 from treewy.models.spec import spec_of  # noqa: E402
 from treewy.models.train_tiny import SIZES  # noqa: E402
-from treewy.experiments.acceptance import sweep  # noqa: E402
+from treewy.experiments.acceptance import mt_bench_prompts, sweep  # noqa: E402
+from treewy.models.tokenizer import BOS  # noqa: E402
+from treewy.workloads import prompt_rows  # noqa: E402
 
 PROMPTS = [[256] + list(b"x = x + 1\nx = x + 1\nx = x"), [256] + list(b"import os\nimport sys\nimport")]
 
@@ -53,3 +55,29 @@ def test_sweep_cli_writes_parquet(model, tmp_path):
     assert rc == 0
     df = pl.read_parquet(out)
     assert df["shape"].to_list() == ["()", "(2, 1)"] and df["drafter"].to_list() == ["none", "ngram"]
+
+
+def test_mt_bench_prompts_take_the_categories_in_turn():
+    rows = prompt_rows("mt-bench")
+    cat_of = {r["prompt"].encode()[-20:]: r["category"] for r in rows}
+    prompts = mt_bench_prompts(16, 10_000)
+    assert all(p[0] == BOS for p in prompts)
+    cats = [cat_of[bytes(p[1:])[-20:]] for p in prompts]
+    assert cats[:8] == cats[8:] and len(set(cats)) == 8 and len({bytes(p[1:]) for p in prompts}) == 16
+    assert mt_bench_prompts(16, 10_000, seed=1) != prompts
+    short = mt_bench_prompts(16, 40)
+    assert all(len(s) <= 40 and bytes(s[1:]) == bytes(p[1:])[-39:] for s, p in zip(short, prompts))
+    with pytest.raises(ValueError, match=r"--prompts 81: the mt-bench prompt set has 80 prompts"):
+        mt_bench_prompts(81, 100)
+
+
+def test_sweep_cli_runs_on_mt_bench_prompts(model, tmp_path):
+    save(model, tmp_path / "ck", dtype=torch.float32)
+    out = tmp_path / "s.parquet"
+    rc = cli_main(["sweep", "--model", str(tmp_path / "ck"), "--prompt-set", "mt-bench", "--drafters", "ngram",
+                   "--shapes", "2,1", "--chains", "", "--prompts", "2", "--prompt-len", "24",
+                   "--max-new-tokens", "4", "--out", str(out)])
+    assert rc == 0
+    df = pl.read_parquet(out)
+    assert df["prompt_set"].to_list() == ["mt-bench"] * 2 and df["requests"].to_list() == [2, 2]
+    assert df["prompt_tokens"][0] == sum(map(len, mt_bench_prompts(2, 24))) and df["max_new_tokens"][0] == 4

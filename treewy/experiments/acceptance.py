@@ -1,5 +1,6 @@
-"""Acceptance sweep: real greedy tree speculation over held-out prompts, one row per
-(drafter, tree shape, commit mode). ``treewy sweep`` is the CLI; ``sweep()`` the function behind it.
+"""Acceptance sweep: real greedy tree speculation over held-out prompts (or MT-Bench's questions:
+``--prompt-set mt-bench``), one row per (drafter, tree shape, commit mode). ``treewy sweep`` is the CLI;
+``sweep()`` the function behind it. The CLI's table adds prompt_set, prompt_tokens and max_new_tokens.
 
 Columns: model, drafter, kind (tree | chain | none), shape, N (drafts), T, depth, mode, state_blocks
 (GDN state blocks per request per layer the mode holds), requests, steps, tokens, acceptance
@@ -218,6 +219,32 @@ def _check_device(text: str) -> None:
         raise ValueError(f"--device {text!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
 
 
+PROMPT_SETS = ("heldout", "mt-bench")
+
+
+def mt_bench_prompts(n: int, max_len: int, seed: int = 0) -> list[list[int]]:
+    """``n`` MT-Bench first turns as byte tokens (<bos> first), the categories taken in turn (8 prompts: one of
+    each), the question within a category chosen by seed; a question longer than ``max_len`` tokens keeps its
+    last ``max_len - 1`` bytes (its end, which the model continues)."""
+    import random
+
+    from treewy.models.tokenizer import BOS
+    from treewy.workloads import prompt_rows
+    rows = prompt_rows("mt-bench")
+    if not 1 <= n <= len(rows):
+        raise ValueError(f"--prompts {n}: the mt-bench prompt set has {len(rows)} prompts; expected 1 to {len(rows)}")
+    if max_len < 2:
+        raise ValueError(f"--prompt-len {max_len}: expected at least 2 (<bos> and one byte)")
+    by_cat: dict[str, list[dict]] = {}
+    for r in rows:
+        by_cat.setdefault(r["category"], []).append(r)
+    rng = random.Random(seed)
+    for group in by_cat.values():
+        rng.shuffle(group)
+    order = [g[i] for i in range(max(map(len, by_cat.values()))) for g in by_cat.values() if i < len(g)]
+    return [[BOS] + list(r["prompt"].encode("utf-8")[-(max_len - 1):]) for r in order[:n]]
+
+
 def add_arguments(p) -> None:
     p.add_argument("--model", default="tiny", help="'tiny' or a Qwen3.5 / Qwen3-Next checkpoint directory")
     p.add_argument("--drafters", default="mtp,ngram", help="comma-separated: mtp, ngram")
@@ -225,8 +252,13 @@ def add_arguments(p) -> None:
                    help="tree shapes as branching factors, ';'-separated (default: the paper's seven)")
     p.add_argument("--chains", default="1-6", help="chain lengths, e.g. 1-6 or 1,3 ('' for none)")
     p.add_argument("--modes", default="reconstruct", help="reconstruct,store_all (acceptance is identical; store_all adds its state bytes and step time)")
-    p.add_argument("--prompts", type=int, default=4, help="number of held-out prompts (the batch size)")
-    p.add_argument("--prompt-len", type=int, default=96)
+    p.add_argument("--prompt-set", default="heldout", choices=PROMPT_SETS,
+                   help="heldout: windows of the tiny model's held-out files; mt-bench: MT-Bench's first turns "
+                        "(treewy/data/mt_bench/), byte tokens")
+    p.add_argument("--prompts", type=int, default=4, help="number of prompts (the batch size)")
+    p.add_argument("--prompt-len", type=int, default=96,
+                   help="heldout: every prompt's length; mt-bench: the longest a prompt may be (longer ones keep "
+                        "their end)")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -252,7 +284,10 @@ def run(args) -> int:
             raise ValueError(f"{flag} {value}: expected a positive integer")
     _check_device(args.device)
     out = output_file(args.out) if args.out else None
-    prompts = heldout_prompts(args.prompts, args.prompt_len, seed=args.seed)
+    if args.prompt_set == "mt-bench":
+        prompts = mt_bench_prompts(args.prompts, args.prompt_len, seed=args.seed)
+    else:
+        prompts = heldout_prompts(args.prompts, args.prompt_len, seed=args.seed)
     if len(prompts) < args.prompts:
         raise ValueError(f"--prompt-len {args.prompt_len}: only {len(prompts)} of the {args.prompts} held-out prompts "
                          "can be that long; lower --prompt-len or --prompts")
@@ -262,7 +297,10 @@ def run(args) -> int:
         raise ValueError(f"--model {args.model!r}: {e}") from e
     df = sweep(model, prompts, drafters=drafters, shapes=shapes, chains=chains, modes=modes,
                max_new_tokens=args.max_new_tokens, model_name=str(args.model), backend=args.backend)
-    with __import__("polars").Config(tbl_rows=100, tbl_cols=12):
+    pl = __import__("polars")
+    df = df.with_columns(prompt_set=pl.lit(args.prompt_set), prompt_tokens=pl.lit(sum(map(len, prompts))),
+                         max_new_tokens=pl.lit(args.max_new_tokens))
+    with pl.Config(tbl_rows=100, tbl_cols=12):
         print(df.select("drafter", "shape", "N", "mode", "state_blocks", "acceptance", "acceptance_lo",
                         "acceptance_hi", "gdn_state_bytes", "step_ms"))
     if out is not None:
