@@ -1,7 +1,8 @@
-"""TreeWY inside real vLLM (0.26.x) on one GPU: correctness on the tiny checkpoint, memory, serving curves, a fault.
+"""TreeWY inside real vLLM (0.26.x) on one GPU or more: correctness on the tiny checkpoint, memory, serving curves, a fault.
 
     PYTHONPATH=/tmp/site:. python benchmarks/vllm_serve_gpu.py tiny --out DIR        # points 3-5 on the tiny model
     PYTHONPATH=/tmp/site:. python benchmarks/vllm_serve_gpu.py sweep --mode store_all --out DIR   # 35B dummy
+    PYTHONPATH=/tmp/site:. python benchmarks/vllm_serve_gpu.py sweep --tp 2 --gmu 0.4 --mode reconstruct --out DIR
     PYTHONPATH=/tmp/site:. python benchmarks/vllm_serve_gpu.py acceptance --mode reconstruct --out DIR
 
 ``tiny``: exports treewy/models/tiny to vLLM's layout, then for each mode (store_all = stock vLLM,
@@ -19,7 +20,13 @@ through ``treewy.serve.fp32_prefill`` (TREEWY_FP32_PREFILL=1).
 
 ``sweep``: the 35B-A3B architecture with dummy weights (``treewy export-vllm --dummy``), one mode per
 call, ``treewy bench-serve`` over the given concurrencies and workloads (closed loops of one wave:
-max(4, concurrency) requests per point), the tidy table and the server log.
+max(4, concurrency) requests per point), the tidy table and the server log; then capacity_<mode>_tp<N>.json: vLLM's
+own KV capacity lines (pool tokens, attention block size, maximum concurrency at --max-model-len) beside
+treewy.memory's figures for the same launch, and the simulator's knee for the sweep's workloads (SIMULATED).
+
+``--tp N`` (tiny, sweep, acceptance) serves with vLLM's --tensor-parallel-size N; the script first checks that N GPUs
+are visible. Every process it starts gets ENV_MULTI_GPU: NVLink multicast (NVLS) off for NCCL, torch's symmetric
+memory and NVSHMEM, which these machines do not provide.
 
 ``acceptance``: the same 35B dummy server at the default acceptance (``--acceptance paper-35b``: vLLM's synthetic
 sampler accepting the paper's 3.23 tokens per step) and CUDA graphs up to max_num_seqs x (1 + k) = 1024 tokens, a
@@ -66,7 +73,9 @@ from treewy.serve.metrics import parse_prometheus  # noqa: E402
 from treewy.workloads import MEASURED_WORKLOADS  # noqa: E402
 
 VLLM_026_ARGS = ["--language-model-only", "--gdn-prefill-backend", "triton"]
-ENV_026 = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+#: NVLink SHARP / multicast off: NCCL, torch symmetric memory and NVSHMEM would otherwise try it at TP > 1
+ENV_MULTI_GPU = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+ENV_026 = {"VLLM_USE_FLASHINFER_SAMPLER": "0", **ENV_MULTI_GPU}
 COMPILE = {"default": {}, "decode": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}}
 
 
@@ -78,7 +87,8 @@ def compile_args(name: str) -> list[str]:
 
 KV_LINES = (re.compile(r"GPU KV cache size: ([\d,]+) tokens"),
             re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"),
-            re.compile(r"Available KV cache memory: ([\d.]+) GiB"))
+            re.compile(r"Available KV cache memory: ([\d.]+) GiB"),
+            re.compile(r"attention block size to (\d+) tokens"))
 CAPTURE_LINE = re.compile(r"Graph capturing finished in ([\d.]+) secs, took ([\d.]+) GiB")
 ENGINE_INIT_LINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
 #: vLLM's --cudagraph-metrics table (vllm/compilation/cuda_graph.py, CUDAGraphLogging): its settings, then rows of
@@ -171,18 +181,49 @@ def kv_capacity(text: str) -> dict:
         out["max_concurrency"] = float(m.group(2))
     if m := KV_LINES[2].search(text):
         out["available_kv_gib"] = float(m.group(1))
+    if m := KV_LINES[3].search(text):
+        out["attention_block_size"] = int(m.group(1))
     return out
+
+
+def capacity_report(text: str, *, model: str, tp: int, gmu: float, mode: str, max_model_len: int, max_num_seqs: int,
+                    workloads: list[str]) -> dict:
+    """vLLM's KV capacity lines from a server log beside treewy.memory's figures for that launch (per rank: the pool
+    of one GPU), and the simulator's store-all knee over ``workloads`` (SIMULATED, concurrency 1..256)."""
+    from treewy.memory import GIB, ServerConfig, paging
+    from treewy.sim import knee, simulate
+
+    server = ServerConfig(max_num_seqs=max_num_seqs)
+    layout = paging(model, "h200", tp=tp, gmu=gmu, mode=mode, server=server)
+    sim = simulate(model, "h200", tp=tp, gmu=gmu, mode=["store_all", "reconstruct"], workload=workloads,
+                   concurrency=[1, 8, 32, 64, 128, 256], num_prompts=256, server=server)
+    return {"vllm": kv_capacity(text),
+            "treewy_memory": {"attention_block_size": layout.block_size, "num_blocks": layout.num_blocks,
+                              "pool_gib": round(layout.pool_bytes / GIB, 3), "page_kib": layout.page_bytes / 1024,
+                              "max_concurrency": round(layout.max_concurrency(max_model_len), 2),
+                              "max_concurrency_at_len": max_model_len},
+            "simulated_knee": {"SIMULATED": True, "workloads": workloads, "store_all": knee(sim),
+                               "reconstruct": knee(sim, "reconstruct")}}
+
+
+def check_gpus(tp: int) -> None:
+    """At tp > 1, refuse before anything starts when fewer than ``tp`` GPUs are visible (the launcher's own check;
+    a one-GPU run fails at once without its GPU anyway)."""
+    from treewy.serve.launcher import check_gpu
+
+    if tp > 1:
+        check_gpu(tp)
 
 
 def serve_phases(model_dir: str, mode: str, prompts, new_tokens: int, out: Path, tag: str, extra: list[str],
                  concurrencies=(1, 32), max_num_seqs: int = 64, gmu: float = 0.3, port: int = 8011,
-                 extra_env: dict | None = None) -> dict:
-    opts = ServeOptions(model=model_dir, mode=mode, gmu=gmu, num_speculative_tokens=3, max_num_seqs=max_num_seqs,
+                 extra_env: dict | None = None, tp: int = 1) -> dict:
+    opts = ServeOptions(model=model_dir, mode=mode, tp=tp, gmu=gmu, num_speculative_tokens=3, max_num_seqs=max_num_seqs,
                         port=port, max_model_len=2048, served_model_name="tiny", extra_args=VLLM_026_ARGS + extra)
     argv, env = build_command(opts)
     env = {**env, **ENV_026, **(extra_env or {})}
     log_path = out / f"server_{tag}_{mode}.log"
-    res = {"mode": mode, "tag": tag, "argv": argv, "env": env, "phases": {}}
+    res = {"mode": mode, "tag": tag, "tp": tp, "argv": argv, "env": env, "phases": {}}
     t0 = time.time()
     with VLLMServer(argv, env, opts.base_url, log_path=str(log_path), echo=False) as srv:
         srv.wait_healthy(timeout=900)
@@ -210,19 +251,21 @@ def treewy_outputs(prompts, new_tokens: int, dtype: str = "bfloat16") -> list[li
     return [list(map(int, t)) for t in res.tokens]
 
 
-def tiny_report_path(out: Path, modes, dtype: str = "bfloat16") -> Path:
-    return out / f"tiny_{'-'.join(modes)}{'' if dtype == 'bfloat16' else '_' + dtype}.json"
+def tiny_report_path(out: Path, modes, dtype: str = "bfloat16", tp: int = 1) -> Path:
+    return out / f"tiny_{'-'.join(modes)}{'' if dtype == 'bfloat16' else '_' + dtype}{'' if tp == 1 else f'_tp{tp}'}.json"
 
 
 def cmd_tiny(args) -> int:
     from treewy.models.corpus import heldout_prompts
     from treewy.serve.export import export_vllm
 
+    check_gpus(args.tp)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model_dir = str(export_vllm(ROOT / "treewy/models/tiny", "/tmp/tiny-vllm", overwrite=True))
     prompts = heldout_prompts(args.prompts, args.prompt_len, seed=0)
-    report = {"date": time.strftime("%Y-%m-%d"), "prompts": prompts, "new_tokens": args.new_tokens, "runs": []}
+    report = {"date": time.strftime("%Y-%m-%d"), "prompts": prompts, "new_tokens": args.new_tokens, "tp": args.tp,
+              "runs": []}
     import torch
     report["device"] = torch.cuda.get_device_name(0)
     import vllm
@@ -240,14 +283,14 @@ def cmd_tiny(args) -> int:
     stages = (("graphs", dtype + compile_args(args.graphs_compile), (1, 32), 64, args.new_tokens),
               ("preempt", dtype + ["--num-gpu-blocks-override", str(args.preempt_blocks)] + compile_args(args.compile),
                (32,), args.preempt_seqs, args.preempt_tokens))
-    path = tiny_report_path(out, args.modes, args.dtype)
+    path = tiny_report_path(out, args.modes, args.dtype, args.tp)
     for tag, extra, concs, seqs, tokens in stages:
         if tag not in args.stages:
             continue
         for mode in args.modes:
             try:
                 report["runs"].append(serve_phases(model_dir, mode, prompts, tokens, out, tag, extra, concs, seqs,
-                                                   port=args.port, extra_env=extra_env))
+                                                   port=args.port, extra_env=extra_env, tp=args.tp))
             except Exception as e:  # noqa: BLE001 - recorded, the other runs go on
                 report["runs"].append({"mode": mode, "tag": tag, "error": f"{type(e).__name__}: {e}"})
                 log(f"{tag} {mode} FAILED: {e}")
@@ -376,21 +419,29 @@ def cmd_sweep(args) -> int:
     from treewy.serve.export import export_dummy
     from treewy.serve.sweep import SweepConfig
 
+    check_gpus(args.tp)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model_dir = str(export_dummy("qwen3.5-35b-a3b", f"/tmp/q35b-dummy-{args.mode}", max_len=args.max_model_len,
                                  overwrite=True))
-    server = ServeOptions(model=model_dir, gmu=args.gmu, num_speculative_tokens=3, max_num_seqs=256, port=args.port,
+    server = ServeOptions(model=model_dir, tp=args.tp, gmu=args.gmu, num_speculative_tokens=3, max_num_seqs=256,
+                          port=args.port,
                           max_model_len=args.max_model_len, acceptance=args.acceptance,
                           cudagraph_max_size=args.graph_max_tokens,
                           extra_args=VLLM_026_ARGS + ["--load-format", "dummy"] + compile_args(args.compile))
     cfg = SweepConfig(server=server, model_name="qwen3.5-35b-a3b", workloads=args.workloads.split(","),
                       modes=[args.mode], concurrencies=[int(c) for c in args.concurrency.split(",")],
                       num_prompts=args.num_prompts, prompts_per_concurrency=1,
-                      out=out / f"serve35b_{args.mode}.parquet",
+                      out=out / f"serve35b_{args.mode}{'' if args.tp == 1 else f'_tp{args.tp}'}.parquet",
                       result_dir=out / "results", device="H200", health_timeout=900, point_timeout=300,
                       retry_failed=args.retry_failed)
     _, bad = run_sweep(cfg, out)
+    server_log = cfg.result_dir / f"server-{args.mode}.log"
+    report = capacity_report(server_log.read_text(errors="replace") if server_log.is_file() else "",
+                             model="qwen3.5-35b-a3b", tp=args.tp, gmu=args.gmu, mode=args.mode,
+                             max_model_len=args.max_model_len, max_num_seqs=256, workloads=cfg.workloads)
+    (out / f"capacity_{args.mode}_tp{args.tp}.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report))
     return 0 if bad == 0 else 1
 
 
@@ -399,12 +450,13 @@ def cmd_acceptance(args) -> int:
     from treewy.serve.export import export_dummy
     from treewy.serve.sweep import SweepConfig, load_checkpoint
 
+    check_gpus(args.tp)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model_dir = str(export_dummy("qwen3.5-35b-a3b", f"/tmp/q35b-dummy-{args.mode}", max_len=args.max_model_len,
                                  overwrite=True))
-    server = ServeOptions(model=model_dir, gmu=args.gmu, num_speculative_tokens=3, max_num_seqs=256, port=args.port,
-                          max_model_len=args.max_model_len, acceptance=args.acceptance,
+    server = ServeOptions(model=model_dir, tp=args.tp, gmu=args.gmu, num_speculative_tokens=3, max_num_seqs=256,
+                          port=args.port, max_model_len=args.max_model_len, acceptance=args.acceptance,
                           extra_args=VLLM_026_ARGS + ["--load-format", "dummy", "--cudagraph-metrics"]
                           + compile_args(args.compile))
     cfg = SweepConfig(server=server, model_name="qwen3.5-35b-a3b", workloads=[args.workload], modes=[args.mode],
@@ -486,6 +538,8 @@ def main(argv=None) -> int:
     c = sub.add_parser("compare")
     c.add_argument("--out", required=True, help="the merged report (json)")
     c.add_argument("reports", nargs="+")
+    for sp in (t, s, a):
+        sp.add_argument("--tp", type=int, default=1, help="vLLM's --tensor-parallel-size (that many visible GPUs)")
     args = p.parse_args(argv)
     return {"tiny": cmd_tiny, "sweep": cmd_sweep, "acceptance": cmd_acceptance, "fault": cmd_fault,
             "compare": cmd_compare}[args.cmd](args)

@@ -330,3 +330,58 @@ def test_bench_serve_tp_reaches_vllm_and_every_row(tmp_path, monkeypatch):
     assert (df["device"] == "NVIDIA H200").all()
     log = (tmp_path / "tp_results" / "server-reconstruct.log").read_text()
     assert "tensor_parallel_size=2" in log
+
+
+def test_gpu_script_serves_the_35b_at_tp2_and_reports_capacity_beside_the_memory_model(tmp_path, monkeypatch,
+                                                                                      bench_script):
+    """benchmarks/vllm_serve_gpu.py sweep --tp 2: vLLM gets --tensor-parallel-size 2 with NVLink multicast off in the
+    environment of what it starts, and capacity_<mode>_tp2.json puts vLLM's logged pool beside treewy.memory's."""
+    import treewy.serve.export as export
+    from treewy.memory import ServerConfig
+    from treewy.serve.launcher import build_command
+
+    mod = bench_script("vllm_serve_gpu")
+    _gpu_env(tmp_path, monkeypatch, 2, None)
+    for name in mod.ENV_026:
+        monkeypatch.setenv(name, "unset by the script")      # restored after the test
+    monkeypatch.setattr(export, "export_dummy", lambda *a, **k: str(tmp_path / "model"))
+    seen = []
+
+    class FakeSweep:
+        def __init__(self, cfg, log=None):
+            self.cfg = cfg
+
+        def run(self, progress=False):
+            seen.append((self.cfg, {k: os.environ.get(k) for k in mod.ENV_MULTI_GPU}))
+            self.cfg.result_dir.mkdir(parents=True, exist_ok=True)
+            (self.cfg.result_dir / "server-reconstruct.log").write_text(
+                "INFO Setting attention block size to 1136 tokens to ensure that attention page size is >= mamba page "
+                "size.\nINFO GPU KV cache size: 4,511,920 tokens\n"
+                "INFO Maximum concurrency for 2,048 tokens per request: 790.25x\n")
+            return 1, 0
+
+    monkeypatch.setattr("treewy.serve.sweep.Sweep", FakeSweep)
+    assert mod.main(["sweep", "--tp", "2", "--gmu", "0.4", "--mode", "reconstruct", "--workloads", "summarize-short",
+                     "--concurrency", "1,128", "--out", str(tmp_path / "o")]) == 0
+    cfg, env = seen[0]
+    assert env == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    argv, _ = build_command(cfg.server)
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2" and cfg.out.name == "serve35b_reconstruct_tp2.parquet"
+    report = json.loads((tmp_path / "o" / "capacity_reconstruct_tp2.json").read_text())
+    assert report["vllm"] == {"attention_block_size": 1136, "kv_cache_tokens": 4511920, "max_concurrency_at_len": 2048,
+                              "max_concurrency": 790.25}
+    layout = paging("qwen3.5-35b-a3b", "h200", tp=2, gmu=0.4, mode="reconstruct", server=ServerConfig(max_num_seqs=256))
+    assert report["treewy_memory"]["attention_block_size"] == layout.block_size
+    assert report["treewy_memory"]["max_concurrency"] == round(layout.max_concurrency(2048), 2)
+    knee = report["simulated_knee"]
+    assert knee["SIMULATED"] and knee["workloads"] == ["summarize-short"]
+    assert knee["store_all"] is not None and 1 <= knee["store_all"] <= 256   # the gmu the item-2 run uses
+
+
+def test_gpu_script_refuses_tp_above_the_visible_gpus(tmp_path, monkeypatch, bench_script):
+    mod = bench_script("vllm_serve_gpu")
+    _gpu_env(tmp_path, monkeypatch, 1, None)
+    from treewy.serve.launcher import ServeError
+
+    with pytest.raises(ServeError, match=r"--tp 2 needs 2 GPUs, 1 visible"):
+        mod.main(["sweep", "--tp", "2", "--mode", "store_all", "--out", str(tmp_path / "o")])
