@@ -144,7 +144,7 @@ def test_tiny_in_fp32_serves_both_modes_with_the_fp32_prefill(tmp_path, monkeypa
     prompt = [[1, 2, 3]]
     monkeypatch.setattr("treewy.models.corpus.heldout_prompts", lambda *a, **k: prompt)
 
-    def serve(model_dir, mode, prompts, tokens, out, tag, extra, concs, seqs, port, extra_env):
+    def serve(model_dir, mode, prompts, tokens, out, tag, extra, concs, seqs, port, extra_env, tp=1):
         calls.append((tag, mode, extra, extra_env))
         return {"mode": mode, "tag": tag, "phases": {f"c{c}": _phase([[7] * 2], 1) for c in concs}}
 
