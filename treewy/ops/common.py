@@ -47,18 +47,26 @@ def _ancestors(parents, g, i_b64, i_hv, o_t, m_t, stride_pb, T, HV: tl.constexpr
 
 
 @triton.jit
-def _recurrent_node(b_h, q, k, v, g, beta, i_row, i_h, i_hv, o_k, m_k, o_v, m_v, scale,
-                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr):
-    """One gated delta rule step of node ``i_row`` on the [BV, BK] state tile in registers:
-    (S_t, u_t = beta (v - exp(g) S k), o_t = S_t (scale q))."""
+def _node_qkv(q, k, v, i_row, i_h, i_hv, o_k, m_k, o_v, m_v, scale, H: tl.constexpr, HV: tl.constexpr,
+              K: tl.constexpr, V: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):
+    """Node ``i_row``'s query (scaled), key and value tile in fp32, q and k normalized if asked."""
     b_q = tl.load(q + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
     b_k = tl.load(k + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
     b_v = tl.load(v + (i_row * HV + i_hv) * V + o_v, mask=m_v, other=0).to(tl.float32)
     if USE_QK_L2NORM_IN_KERNEL:
         b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
         b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-    b_q = b_q * scale
+    return b_q * scale, b_k, b_v
+
+
+@triton.jit
+def _recurrent_node(b_h, q, k, v, g, beta, i_row, i_h, i_hv, o_k, m_k, o_v, m_v, scale,
+                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr):
+    """One gated delta rule step of node ``i_row`` on the [BV, BK] state tile in registers:
+    (S_t, u_t = beta (v - exp(g) S k), o_t = S_t (scale q))."""
+    b_q, b_k, b_v = _node_qkv(q, k, v, i_row, i_h, i_hv, o_k, m_k, o_v, m_v, scale, H, HV, K, V,
+                              USE_QK_L2NORM_IN_KERNEL)
     b_beta = tl.load(beta + i_row * HV + i_hv).to(tl.float32)
     b_g = tl.load(g + i_row * HV + i_hv).to(tl.float32)
     return _delta_node(b_h, b_q, b_k, b_v, b_g, b_beta)

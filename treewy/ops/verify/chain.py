@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from treewy.ops._triton import INTERPRET
-from treewy.ops.common import _delta_node, _gates, _program, _recurrent_node
+from treewy.ops.common import _delta_node, _gates, _node_qkv, _program, _recurrent_node
 from treewy.ops.verify.fold import (
     FOLD_ROWS,
     _chain_pending_path,
@@ -190,14 +190,10 @@ def chain_spec_step_kernel(
 
     for t in range(0, n_b):
         i_row = bos + t
-        b_q = tl.load(q + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
-        b_k = tl.load(k + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
-        b_v = tl.load(v + (i_row * HV + i_hv) * V + o_v, mask=m_v, other=0).to(tl.float32)
-        if USE_QK_L2NORM_IN_KERNEL:
-            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
-            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_q, b_k, b_v = _node_qkv(q, k, v, i_row, i_h, i_hv, o_k, m_k, o_v, m_v, scale, H, HV, K, V,
+                                  USE_QK_L2NORM_IN_KERNEL)
         b_g, b_beta = _gates(g, beta, A_log, dt_bias, i_row * HV + i_hv, i_hv, True, softplus_threshold, RAW_GATES)
-        b_h, b_u, b_o = _delta_node(b_h, b_q * scale, b_k, b_v, b_g, b_beta)
+        b_h, b_u, b_o = _delta_node(b_h, b_q, b_k, b_v, b_g, b_beta)
         tl.store(pu + (t * HV + i_hv) * V + o_v, b_u, mask=m_v)
         tl.store(o + (i_row * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
 
