@@ -1,7 +1,7 @@
 """The tree-verification targets (issue 14), measured in one run on one GPU.
 
-    python benchmarks/bench_kernels.py --out DIR            # or: OUT=DIR python benchmarks/bench_kernels.py
-    python benchmarks/bench_kernels.py --smoke --out DIR    # CPU, Triton interpreter, tiny shapes: runs end to end
+    python -m benchmarks.bench_kernels --out DIR            # or: OUT=DIR python -m benchmarks.bench_kernels
+    python -m benchmarks.bench_kernels --smoke --out DIR    # CPU, Triton interpreter, tiny shapes: runs end to end
 
 One GDN layer of Qwen3.5-35B-A3B per step (H = 16, HV = 32, K = V = 128); bf16 q, k, v; fp32 g, beta; fp32
 state unless said; the previous step's commit folded into the verify; medians of CUDA-graph replays. Printed
@@ -31,27 +31,23 @@ import argparse
 import datetime
 import json
 import os
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
 
-import common  # noqa: E402,F401  (imports treewy before triton: the interpreter switch where there is no GPU)
-import torch  # noqa: E402
-
-from treewy.ops import PendingCommit, naive_tree_verify, tree_verify  # noqa: E402
-from treewy.bench.timing import (  # noqa: E402
-    COPY_BW, MODELS, make, min_bytes, step_fn, target_result,
-)
-from treewy.bench.parity import folded_drift  # noqa: E402
-from treewy.ops.verify import LAUNCHES, select_kernel  # noqa: E402
-from treewy.ops.verify import kernel as verify  # noqa: E402
-from treewy.ops.verify.tuning import PRECISION_ENV  # noqa: E402
-from treewy.testing import rel_err  # noqa: E402
-from treewy.tree import DraftTree  # noqa: E402
+import treewy  # noqa: F401  (before triton: the interpreter switch where there is no GPU)
+from treewy.bench.parity import folded_drift
+from treewy.bench.registry import SMOKE_B, SMOKE_DIMS, get_op, measure
+from treewy.bench.timing import COPY_BW, MODELS, make, target_result
+from treewy.ops import PendingCommit, naive_tree_verify, tree_verify
+from treewy.ops.verify import LAUNCHES, select_kernel
+from treewy.ops.verify import kernel as verify
+from treewy.ops.verify.tuning import PRECISION_ENV
+from treewy.testing import rel_err
+from treewy.tree import DraftTree
 
 ROWS = [  # key, target, tree widths, B, state dtype, bar (us)
     ("333 B256", "1 (3,3,3), B=256", (3, 3, 3), 256, torch.float32, 600.0),
@@ -63,9 +59,8 @@ ROWS = [  # key, target, tree widths, B, state dtype, bar (us)
     ("chain3 B256", "5 chain k=3, B=256", (1, 1, 1), 256, torch.float32, 300.0),
     ("chain3 B256 bf16", "6 bf16 state, chain k=3, B=256", (1, 1, 1), 256, torch.bfloat16, 200.0),
 ]
-SMOKE_B = {256: 2, 64: 2, 1: 1}
-SMOKE_DIMS = dict(H=1, HV=1, K=16, V=16, layers=1)
 DRIFT_BAR = 1e-5
+VERIFY = get_op("verify")
 
 
 def target(name, measured, bar, ok, unit=""):
@@ -152,13 +147,7 @@ class Bench:
 
     def time(self, fn):
         """Median us of CUDA-graph replays; under --smoke one interpreted call (not a timing)."""
-        if self.smoke:
-            fn()
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e6
-        from treewy.bench.timing import bench
-        return bench(fn)
+        return measure(fn, self.smoke)
 
     def eager_time(self, fn):
         if self.smoke:
@@ -189,20 +178,17 @@ class Bench:
             return LAUNCHES[kernel], "planned", {}
 
     def inputs(self, tree, B, state_dtype):
-        d = self.dims
-        x = make(B, tree.num_nodes, d["H"], d["HV"], d["K"], d["V"], state_dtype, device=self.device,
-                 input_dtype=torch.float32 if self.smoke else torch.bfloat16)
-        return x
+        return VERIFY.inputs(tree, B, self.dims, state_dtype, self.device,
+                             torch.float32 if self.smoke else torch.bfloat16)
 
     def step(self, key, tree, B, state_dtype, kernel, dot_precision=None):
         """One folded TreeWY step: time, launches, bytes; the row is stored under ``key [kernel]``."""
         d = self.dims
         x = self.inputs(tree, B, state_dtype)
-        fn = step_fn("treewy", x, tree, kernel=kernel, dot_precision=dot_precision)
+        fn = VERIFY.step("treewy", x, tree, kernel=kernel, dot_precision=dot_precision)
         us = self.time(fn)
         n, how, kernel_us = self.launches(fn, kernel)
-        sb = torch.tensor([], dtype=state_dtype).element_size()
-        nbytes = min_bytes("treewy", tree, B, d["H"], d["HV"], d["K"], d["V"], sb)
+        nbytes = VERIFY.min_bytes("treewy", tree, B, d, state_dtype)
         row = dict(key=key, kernel=kernel, T=tree.num_nodes, B=B, state_dtype=str(state_dtype).removeprefix("torch."),
                    dot_precision=dot_precision, us=us, launches=n, launches_how=how, kernel_us=kernel_us,
                    min_bytes=nbytes,
@@ -227,8 +213,8 @@ class Bench:
                 self.log(self.notes[-1])
                 return None
         x = self.inputs(tree, B, torch.float32)
-        us = self.time(step_fn(provider, x, tree))
-        nbytes = min_bytes(provider, tree, B, d["H"], d["HV"], d["K"], d["V"], 4)
+        us = self.time(VERIFY.step(provider, x, tree))
+        nbytes = VERIFY.min_bytes(provider, tree, B, d, torch.float32)
         self.cases[key] = dict(key=key, kernel=provider, T=tree.num_nodes, B=B, state_dtype="float32", us=us,
                                min_bytes=nbytes, roofline_us=nbytes / COPY_BW * 1e6,
                                roofline_fraction=nbytes / COPY_BW * 1e6 / us)
@@ -304,7 +290,7 @@ def capture_vs_eager(b: Bench, write):
             b.targets.append(target(f"8 captured replay equals the eager step bit for bit, {key}", same_results,
                                     "= eager", same_results))
         kernel = eager_calls[0]
-        fn = step_fn("treewy", x, tree, kernel=kernel)
+        fn = VERIFY.step("treewy", x, tree, kernel=kernel)
         eager_us = b.eager_time(fn)
         graph_us = b.cases.get(f"{'chain3' if is_chain(tree) else '333'} B256 [{kernel}]", {}).get("us")
         b.extra[f"eager {key}"] = dict(eager_us=eager_us, graph_us=graph_us)
