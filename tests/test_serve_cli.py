@@ -178,3 +178,12 @@ def test_importing_treewy_serve_does_not_import_vllm():
             "treewy.serve.reconstruct, treewy.serve.vllm_names; "
             "assert not [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')]")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_serving_reads_the_tokenizer_without_the_models_package():
+    """export.py's byte vocabulary comes from treewy.tokenizer, not from inside treewy.models (which re-exports it)."""
+    code = ("import sys, treewy.serve.export; assert 'treewy.models' not in sys.modules, 'export imported treewy.models'; "
+            "import treewy.tokenizer as t, treewy.models.tokenizer as m; "
+            "assert all(getattr(m, n) is getattr(t, n) for n in ('BOS', 'EOS', 'PAD', 'SPECIALS', 'VOCAB_SIZE', "
+            "'encode', 'decode'))")
+    subprocess.run([sys.executable, "-c", code], check=True)

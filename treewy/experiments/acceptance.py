@@ -228,7 +228,7 @@ def mt_bench_prompts(n: int, max_len: int, seed: int = 0) -> list[list[int]]:
     last ``max_len - 1`` bytes (its end, which the model continues)."""
     import random
 
-    from treewy.models.tokenizer import BOS
+    from treewy.tokenizer import BOS
     from treewy.workloads import prompt_rows
     rows = prompt_rows("mt-bench")
     if not 1 <= n <= len(rows):

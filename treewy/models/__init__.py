@@ -50,7 +50,7 @@ def _classes(model_type: str, where: str = ""):
 
 def tiny_config(**overrides):
     """The Qwen3.5-style text config of the tiny checkpoint (byte vocabulary; GDN : attention = 3 : 1)."""
-    from treewy.models.tokenizer import BOS, EOS, PAD, VOCAB_SIZE
+    from treewy.tokenizer import BOS, EOS, PAD, VOCAB_SIZE
     cfg_cls, _, _ = _classes("qwen3_5_text")
     kw = dict(
         vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=640, num_hidden_layers=8,

@@ -10,7 +10,7 @@ import hashlib
 import sysconfig
 from pathlib import Path
 
-from treewy.models.tokenizer import BOS, EOS
+from treewy.tokenizer import BOS, EOS
 
 
 def stdlib_dir() -> Path:

@@ -10,7 +10,7 @@ is rewritten into that layout:
   treewy's engine keeps too) and ``dtype: bfloat16`` where it names none;
 - weights: ``model.*`` renamed ``model.language_model.*`` (``lm_head.*`` and ``mtp.*`` unchanged), values
   untouched;
-- tokenizer.json: the byte-level vocabulary of ``treewy.models.tokenizer`` (bytes 0-255, <bos> 256,
+- tokenizer.json: the byte-level vocabulary of ``treewy.tokenizer`` (bytes 0-255, <bos> 256,
   <eos> 257, <pad> 258, then placeholder tokens up to the model's vocabulary size).
 
 A checkpoint already in the composite layout (a real Qwen3.5 release) is copied as it is. ``--dummy``
@@ -24,7 +24,7 @@ import json
 import shutil
 from pathlib import Path
 
-from treewy.models.tokenizer import BOS, EOS, PAD, SPECIALS
+from treewy.tokenizer import BOS, EOS, PAD, SPECIALS
 
 COMPOSITE = {"qwen3_5_text": ("qwen3_5", "Qwen3_5ForConditionalGeneration"),
              "qwen3_5_moe_text": ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration")}
@@ -45,7 +45,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def byte_tokenizer(vocab_size: int):
-    """A ``tokenizers.Tokenizer`` whose ids are ``treewy.models.tokenizer``'s: byte b is id b, then the specials,
+    """A ``tokenizers.Tokenizer`` whose ids are ``treewy.tokenizer``'s: byte b is id b, then the specials,
     then placeholders ``<|tN|>`` up to ``vocab_size`` (never produced by encoding; they decode to their text)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 

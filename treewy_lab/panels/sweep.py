@@ -9,7 +9,6 @@ import polars as pl
 from treewy_lab.charts import acceptance_chart, blocks_vs_n_chart, temperature_chart
 from treewy_lab.frames import acceptance_frame, paper_acceptance_frame, temperature_frame
 from treewy_lab.panels.base import Panel
-from treewy_lab.setup import RESULTS_DIRS
 from treewy.accept import RULES
 from treewy.env import default_device, small
 from treewy.paper import ACCEPTANCE, SHAPES
@@ -29,13 +28,14 @@ def _sweep_controls(panel: Panel, few: bool, prompts: int) -> dict:
                                   continuous_update=False)}
 
 
-def _committed_sweeps(pattern: str, to_frame) -> pl.DataFrame:
-    """Every committed sweep matching ``pattern`` in RESULTS_DIRS, each through ``to_frame(df, label)``."""
+def _committed_sweeps(kind: str, to_frame) -> pl.DataFrame:
+    """Every committed sweep of ``kind`` (``treewy.results.tables``), each through ``to_frame(df, label)``."""
+    from treewy.results import tables
+
     frames = []
-    for d in RESULTS_DIRS:
-        for path in sorted(d.glob(pattern)) if d.is_dir() else []:
-            df = pl.read_parquet(path)
-            frames.append(to_frame(df, f"tiny, {df['device'][0]}, {df['date'][0]} (committed)"))
+    for path in tables(kind):
+        df = pl.read_parquet(path)
+        frames.append(to_frame(df, f"tiny, {df['device'][0]}, {df['date'][0]} (committed)"))
     return pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame()
 
 
@@ -67,7 +67,7 @@ class SweepPanel(Panel):
         self.set(**values).first_run()
 
     def _committed(self) -> pl.DataFrame:
-        return _committed_sweeps("*_tiny_sweep*.parquet", acceptance_frame)
+        return _committed_sweeps("acceptance_sweeps", acceptance_frame)
 
     def _sweep(self, v: dict) -> pl.DataFrame:
         from treewy.models.corpus import heldout_prompts
@@ -142,7 +142,7 @@ class DecodePanel(Panel):
         import html
 
         from treewy.decode import generate
-        from treewy.models.tokenizer import decode, encode
+        from treewy.tokenizer import decode, encode
 
         v = {k: c.value for k, c in self.controls.items()}
         self.status.value = f"decoding at temperature {v['temperature']:.2f}…"
@@ -184,7 +184,7 @@ class TemperaturePanel(Panel):
         self.set(**values).first_run()
 
     def _committed(self) -> pl.DataFrame:
-        return _committed_sweeps("*_tiny_temperature_sweep.parquet", temperature_frame)
+        return _committed_sweeps("temperature_sweeps", temperature_frame)
 
     def _sweep(self, v: dict) -> pl.DataFrame:
         from treewy.models.corpus import heldout_prompts
