@@ -23,7 +23,7 @@ import support  # noqa: E402
 
 from treewy.cli import main  # noqa: E402
 from treewy.schema import serving_frame  # noqa: E402
-from treewy.serve import launcher  # noqa: E402
+from treewy.serve import launcher, launcher_process  # noqa: E402
 from treewy.serve.launcher import ServeError, ServeOptions, build_command  # noqa: E402
 from treewy.serve.sweep import SweepConfig  # noqa: E402
 
@@ -286,8 +286,8 @@ def test_server_starts_where_prctl_is_missing(monkeypatch):
     class NoPrctl:
         pass
 
-    monkeypatch.setattr(launcher.ctypes, "CDLL", lambda *a, **k: NoPrctl())
-    assert launcher._parent_death_signal() is None
+    monkeypatch.setattr(launcher_process.ctypes, "CDLL", lambda *a, **k: NoPrctl())
+    assert launcher_process._parent_death_signal() is None
     srv = launcher.VLLMServer([sys.executable, "-c", "print('up')"], {}, "http://127.0.0.1:1", echo=False).start()
     assert srv.proc.wait(timeout=10) == 0
     srv.stop()
