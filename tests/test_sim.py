@@ -179,14 +179,15 @@ def test_simulated_curves_move_with_memory():
 def test_eager_steps_cost_extra_only_past_the_graphs():
     """A step runs without CUDA graphs when it holds more tokens than the largest captured graph, or a prefill
     chunk where only decode steps are captured; only those pay ``eager_step_s``, and the default pays nothing."""
-    from treewy.memory import GPU, ModelSpec
+    from treewy.memory import GPU, ModelSpec, ServerConfig
     from treewy.sim.cost import StepCost
 
     base = dict(model=ModelSpec.from_name(M35), gpu=GPU.from_name("h200"), mode="reconstruct", tree=(1, 1, 1))
     plain = StepCost(**base)
-    eager = StepCost(**base, graph_max_tokens=512, graphs_decode_only=True, eager_step_s=0.08)
+    eager = StepCost(**base, server=ServerConfig(graph_max_tokens=512, graphs_decode_only=True, eager_step_s=0.08))
     for args in ((128, 128 * 600), (129, 129 * 600), (16, 16 * 600, 1024, 1024 * 512.0, 1, 0)):
-        assert plain.scalar(*args) == StepCost(**base, eager_step_s=0.08).scalar(*args)   # no limits set: no extra
+        no_limits = StepCost(**base, server=ServerConfig(eager_step_s=0.08))
+        assert plain.scalar(*args) == no_limits.scalar(*args)   # no limits set: no extra
     assert eager.scalar(128, 128 * 600) == pytest.approx(plain.scalar(128, 128 * 600))   # 512 tokens: graphed
     assert eager.scalar(129, 129 * 600) == pytest.approx(plain.scalar(129, 129 * 600) + 0.08)
     assert eager.scalar(16, 9600, 1024, 1024 * 512.0, 1, 0) == pytest.approx(plain.scalar(16, 9600, 1024,

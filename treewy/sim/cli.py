@@ -56,7 +56,8 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from treewy.cli import output_file
-    from treewy.memory import _bytes_of, paging
+    from treewy.memory import paging
+    from treewy.memory.specs import _bytes_of
     from treewy.sim.sweep import format_ratio_table, simulate
 
     # the flags simulate() would report under another name, and the output, are checked before any point runs

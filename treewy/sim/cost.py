@@ -7,14 +7,16 @@ flops / peak)`` on one GPU, and the parts add up:
 * gemm: the weights read once per step: every dense weight (attention and GDN projections, shared
   experts, routers, lm_head) plus, per MoE layer, the experts the batch touches: with t tokens each
   routed to k of E experts uniformly, ``E * (1 - (1 - k/E)^t)`` experts. Flops: 2 x active
-  parameters x tokens.
+  parameters x tokens (the lm_head's only over the rows that sample: T per verify, 1 per prefill chunk).
 * attention: the KV cache each decode request reads once per verify (its whole context) and each
-  prefill chunk reads (its prefix); flops 4 x heads x head_dim x query-key pairs.
+  prefill chunk reads (its prefix and itself); flops 4 x heads x head_dim x query-key pairs.
 * gdn: state traffic per GDN layer and request. store_all reads one state and writes T (vLLM's
   kernel writes a snapshot per window position); reconstruct reads one and writes one (the commit
-  folded into the verify) plus the transient U (T x V per head, fp32) written and read back. Prefill
-  chunks read and write one state. Conv states: read kernel - 1 + N columns, write them back.
-  With a kernel benchmark file (by default the newest kernel targets table, treewy.results),
+  folded into the verify) plus the transient U (T x V per head, fp32) written and read back, and the
+  commit's flops. Prefill chunks read and write one state. Conv states are read and written back:
+  kernel - 1 + N columns for store_all (vLLM's sliding window), kernel - 1 for reconstruct (the gather
+  commit of DESIGN §2; the vLLM plugin keeps vLLM's wider window, which ``treewy.memory.paging`` sizes).
+  With a kernel benchmark file (``simulate``'s default: the newest kernel targets table, treewy.results),
   reconstruct's gdn time is store_all's analytic time times the measured ratio us(treewy) /
   us(store_all) at the nearest batch size and the same tree; ``source`` says which was used.
 * draft: one MTP pass per tree level: the MTP layer's weights (experts touched by its tokens), the
@@ -27,9 +29,10 @@ flops / peak)`` on one GPU, and the parts add up:
 
 Constants and where they come from: achievable bandwidth = 0.89 x spec (calibrated on one number:
 our H200's device copy ran at 4.27 of 4.8 TB/s, DESIGN §5); achievable compute = 0.5 x dense bf16
-peak, 20 us latency floor per layer and 0.5 ms host overhead per step: assumptions, not calibrated
-(``ServerConfig``'s defaults). ``treewy.sim.calibrated`` holds server configs whose fixed costs were fitted to
-a measured serving sweep, each saying which. None was tuned to the paper's serving table.
+peak, an assumption. The fixed costs (the floor, the host overheads, the eager-step cost and when it applies)
+are those of the ``ServerConfig`` a ``StepCost`` is given (``treewy.memory.server``, where their assumed defaults
+are defined); ``treewy.sim.calibrated`` holds server configs whose fixed costs were fitted to a measured serving
+sweep, each saying which. None was tuned to the paper's serving table.
 """
 
 from __future__ import annotations
@@ -40,13 +43,14 @@ from pathlib import Path
 
 import numpy as np
 
-from treewy.memory import GPU, ModelSpec, _bytes_of, tree_depth, tree_num_nodes, tree_widths
+from treewy.memory import GPU, ModelSpec, ServerConfig, tree_depth, tree_num_nodes, tree_widths
+from treewy.memory.specs import _bytes_of
 from treewy.results import fastest_rows, kernel_table
 
 BW_EFFICIENCY = 4.27 / 4.8
 FLOP_EFFICIENCY = 0.5
-LAYER_FLOOR_S = 20e-6
-HOST_OVERHEAD_S = 0.5e-3
+DTYPE_ALIASES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+
 
 def measured_ratio_table(path: str | Path, tree, state_dtype: str, hv: int) -> tuple[np.ndarray, np.ndarray] | None:
     """(B, us_treewy / us_store_all) from a kernel benchmark file (a targets table or a full kernels_*.json) for one
@@ -75,9 +79,6 @@ def measured_ratio_table(path: str | Path, tree, state_dtype: str, hv: int) -> t
     return np.array([p[0] for p in pts], dtype=float), np.array([p[1] for p in pts], dtype=float)
 
 
-DTYPE_ALIASES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
-
-
 @dataclass
 class StepCost:
     """Seconds per engine step for one (model, gpu, tp, mode, tree, state dtype)."""
@@ -89,18 +90,14 @@ class StepCost:
     tree: tuple = (1, 1, 1)
     state_dtype: str = "float32"
     kernels: str | Path | None = None     # a targets_*.json or kernels_*.json path; None: analytic only
-    host_overhead_s: float = HOST_OVERHEAD_S
-    host_per_request_s: float = 0.0
-    layer_floor_s: float = LAYER_FLOOR_S
-    graph_max_tokens: int | None = None   # steps of more tokens run without CUDA graphs (None: no such limit)
-    graphs_decode_only: bool = False      # steps with a prefill chunk run without CUDA graphs
-    eager_step_s: float = 0.0             # what a step without CUDA graphs costs on top
+    server: ServerConfig = ServerConfig()  # the fixed costs: host overheads, layer floor, CUDA graphs' reach
 
     def eager(self, tokens, prefill_tokens):
         """Whether a step runs without CUDA graphs (scalars or arrays): more tokens than the largest captured
         graph, or a prefill chunk where only decode steps are captured."""
-        over = (np.asarray(tokens) > self.graph_max_tokens) if self.graph_max_tokens is not None else False
-        mixed = (np.asarray(prefill_tokens) > 0) if self.graphs_decode_only else False
+        s = self.server
+        over = (np.asarray(tokens) > s.graph_max_tokens) if s.graph_max_tokens is not None else False
+        mixed = (np.asarray(prefill_tokens) > 0) if s.graphs_decode_only else False
         return np.logical_or(over, mixed)
 
     def __post_init__(self):
@@ -162,7 +159,7 @@ class StepCost:
         """``__call__`` for one step, in plain floats (the regular scheduler path calls this every step)."""
         if self._ratio is not None:
             return float(self(n_decode, decode_ctx, prefill_tokens, prefill_pairs, n_prefill, prefill_ctx))
-        m, bw, fl = self.model, self.bw, self.flops
+        m, s, bw, fl = self.model, self.server, self.bw, self.flops
         tokens = n_decode * self.T + prefill_tokens
         touched = self._touched_scalar
         t = max((self.dense_bytes + m.num_layers * touched(tokens) * self.expert_bytes) / bw,
@@ -176,9 +173,9 @@ class StepCost:
         for level in range(self.depth):
             dt = rows * (math.prod(self.widths[:level]) if level else 1)
             b = self.mtp_dense_bytes + touched(dt) * self.expert_bytes + self.lm_head_bytes + self.mtp_kv_tok * decode_ctx
-            t += max(b / bw, (self.flops_per_token / max(m.num_layers, 1) + self.lm_head_flops) * dt / fl) + self.layer_floor_s
-        return (t + self.host_overhead_s + self.host_per_request_s * rows + self.layer_floor_s * m.num_layers
-                + self.allreduce_s_per_token * tokens + self.eager_step_s * bool(self.eager(tokens, prefill_tokens)))
+            t += max(b / bw, (self.flops_per_token / max(m.num_layers, 1) + self.lm_head_flops) * dt / fl) + s.layer_floor_s
+        return (t + s.host_overhead_s + s.host_per_request_s * rows + s.layer_floor_s * m.num_layers
+                + self.allreduce_s_per_token * tokens + s.eager_step_s * bool(self.eager(tokens, prefill_tokens)))
 
     def _touched_scalar(self, tokens) -> float:
         m = self.model
@@ -193,7 +190,7 @@ class StepCost:
         tokens in prefill chunks; prefill_pairs: sum over chunks of chunk x (prefix + chunk / 2);
         n_prefill: requests with a chunk; prefill_ctx: sum of the chunks' prefixes.
         """
-        m = self.model
+        m, s = self.model, self.server
         n_decode = np.asarray(n_decode, dtype=float)
         decode_ctx = np.asarray(decode_ctx, dtype=float)
         tokens = n_decode * self.T + prefill_tokens
@@ -218,7 +215,7 @@ class StepCost:
             b = self.mtp_dense_bytes + self.experts_touched(dt) * self.expert_bytes + self.lm_head_bytes \
                 + self.mtp_kv_tok * decode_ctx
             f = (self.flops_per_token / max(m.num_layers, 1) + self.lm_head_flops) * dt
-            t_draft = t_draft + np.maximum(b / self.bw, f / self.flops) + self.layer_floor_s
-        overhead = (self.host_overhead_s + self.host_per_request_s * rows + self.layer_floor_s * m.num_layers
-                    + self.eager_step_s * self.eager(tokens, prefill_tokens))
+            t_draft = t_draft + np.maximum(b / self.bw, f / self.flops) + s.layer_floor_s
+        overhead = (s.host_overhead_s + s.host_per_request_s * rows + s.layer_floor_s * m.num_layers
+                    + s.eager_step_s * self.eager(tokens, prefill_tokens))
         return t_gemm + t_attn + t_gdn + t_draft + overhead + self.allreduce_s_per_token * tokens

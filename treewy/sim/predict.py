@@ -61,8 +61,8 @@ def predict(gmus=GMUS, workloads=WORKLOADS, concurrency=CONCURRENCIES, seed: int
 
 
 def sim_commit() -> str:
-    """The checkout's HEAD, with '+dirty' when treewy/sim or treewy/memory.py differ from it."""
+    """The checkout's HEAD, with '+dirty' when treewy/sim or treewy/memory differ from it."""
     root = Path(__file__).resolve().parents[2]
     git = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    return git("rev-parse", "HEAD") + ("+dirty" if git("status", "--porcelain", "--", "treewy/sim", "treewy/memory.py")
+    return git("rev-parse", "HEAD") + ("+dirty" if git("status", "--porcelain", "--", "treewy/sim", "treewy/memory")
                                         else "")

@@ -170,10 +170,7 @@ def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6,
     layouts = {m: paging(model, gpu, tp=tp, gmu=gmu, mode=m, tree=tree, state_dtype=state_dtype, server=server)
                for m in modes}
     costs = {m: StepCost(model, gpu, tp, m, tuple(tree) if isinstance(tree, list) else tree,
-                         layouts[m].state_dtype, kernel_file, host_overhead_s=server.host_overhead_s,
-                         host_per_request_s=server.host_per_request_s, layer_floor_s=server.layer_floor_s,
-                         graph_max_tokens=server.graph_max_tokens, graphs_decode_only=server.graphs_decode_only,
-                         eager_step_s=server.eager_step_s)
+                         layouts[m].state_dtype, kernel_file, server=server)
              for m in modes}
     today = _dt.date.today().isoformat()
     rows, raw = [], []

@@ -1,46 +1,23 @@
-"""Analytic memory accounting for a vLLM-style server running a GDN hybrid (Qwen3.5 / Qwen3-Next).
+"""What a model and a GPU are, in the numbers memory and step cost depend on.
 
-What a request costs, in bytes and in pool blocks, and how many requests a GPU holds:
+``ModelSpec`` describes a hybrid GDN / softmax-attention model (presets by name, or any Hugging Face Qwen3.5 /
+Qwen3-Next config) and what one request costs in bytes: softmax KV per token, one GDN state per layer, the conv
+state, the state blocks of a mode (store-all N + 1, reconstruct 1), TreeWY's stash and transient U, and the
+weights. ``GPU`` holds the spec-sheet figures of a few GPUs. The tree helpers read T, depth and widths off a draft
+tree in any of its forms.
 
-    model = ModelSpec.from_name("qwen3.5-35b-a3b")
-    model.kv_bytes_per_token()            # 20 KiB: softmax K and V of every attention layer, bf16
-    model.gdn_state_bytes("bfloat16")     # 30 MiB: one state per GDN layer
-    model.state_blocks("store_all", (1, 1, 1))   # 4 (N + 1); reconstruct: 1
-    layout = paging(model, GPU.from_name("b200"), gmu=0.6, mode="store_all", tree=(1, 1, 1))
-    layout.max_requests(4096)             # requests of 4096 tokens that fit in the pool
-
-How vLLM pages a hybrid model (vLLM main at 37ce349, see shared/reference §1.5), and what we keep:
-
-* One block pool shared by all layer groups. Layers are grouped by type into groups of
-  ``group_size`` layers (the smallest per-type layer count: the 10 or 11 attention layers); a block
-  id names one page in each of ``group_size`` tensors, so a block costs ``group_size * page`` bytes.
-  A type whose layer count is not a multiple of ``group_size`` gets a last, partly empty group
-  (vLLM pads it the same way). The MTP draft layer is a full-attention layer and joins the
-  attention group (``mtp_in_pool``).
-* Attention page = ``block_size`` tokens of K and V for one layer. A GDN ("mamba") page holds one
-  conv state and one SSM state for one layer; vLLM raises the attention block size to a multiple
-  of the kernel alignment (16) until an attention page is at least a mamba page, then pads the
-  mamba page up to the attention page.
-* A request holds ``cdiv(tokens, block_size)`` blocks in each attention group, and in each GDN
-  group 1 + num_speculative_blocks pages (``mamba_cache_mode="none"``): store-all N + 1, TreeWY's
-  reconstruct 1. Store-all's conv state is ``kernel - 1 + N`` wide (vLLM's sliding window);
-  reconstruct keeps ``kernel - 1`` (the commit gathers the accepted path's inputs, DESIGN §2).
-* Pool = gmu * GPU memory - weights - activation reserve. The reserve stands in for vLLM's profile
-  run; see ``activation_reserve_bytes`` for its terms.
-
-Approximations (say so wherever they matter): weights are counted from the published
-architecture (bf16, all experts resident, divided evenly over TP ranks; a ~0.4 B-parameter vision
-tower is added for Qwen3.5 as a round number, not read from a config); the activation reserve is a
-formula, not a profile; CUDA-graph memory and non-torch allocations are fixed guesses (1 GiB,
-0.5 GiB); KV heads are replicated when tp > num_kv_heads (as vLLM does), and a tp that does not split
-the GDN and attention heads evenly is refused (vLLM refuses it too); prefix caching is off.
+Weights are counted from the published architecture: bf16, every expert resident, split evenly over TP ranks.
+The Qwen3.5 presets carry a ~0.4 B-parameter vision tower as a round number (not read from a config), which
+``weight_bytes(vision=False)`` leaves out, as a text-only server does. KV heads are replicated when
+tp > num_kv_heads (as vLLM does); a tp that does not split the GDN and attention heads evenly is refused (vLLM
+refuses it too).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -54,18 +31,7 @@ KIB = 1024
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 MODES = ("store_all", "reconstruct")
 
-TINY_CONFIG = Path(__file__).parent / "models" / "tiny" / "config.json"
-
-#: Used for "tiny" only when treewy/models/tiny/config.json does not exist yet.
-_TINY_FALLBACK = {
-    "hidden_size": 256, "num_hidden_layers": 4, "full_attention_interval": 4,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-    "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-    "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4,
-    "vocab_size": 260, "intermediate_size": 768, "tie_word_embeddings": True,
-    "mtp_num_hidden_layers": 1, "mamba_ssm_dtype": "float32",
-}
-
+TINY_CONFIG = Path(__file__).parents[1] / "models" / "tiny" / "config.json"
 
 def _bytes_of(dtype: str, name: str = "dtype") -> int:
     key = str(dtype).replace("torch.", "")
@@ -158,9 +124,7 @@ class ModelSpec:
     def from_name(cls, name: str) -> ModelSpec:
         key = str(name).lower()
         if key == "tiny":
-            if TINY_CONFIG.exists():
-                return cls.from_config(TINY_CONFIG, name="tiny")
-            return cls.from_config(_TINY_FALLBACK, name="tiny", source="built-in fallback (no treewy/models/tiny/config.json)")
+            return cls.from_config(TINY_CONFIG, name="tiny")      # the checkpoint the package ships
         if key not in _PRESETS:
             raise ValueError(f"model = {name!r}: unknown preset; known presets are {sorted([*_PRESETS, 'tiny'])}, "
                              "or build one with ModelSpec.from_config(path_to_config_json)")
@@ -374,194 +338,3 @@ _GPUS = {
     "h200": GPU("h200", 139.8, 4.8, 989.0, 450.0),     # what CUDA reports (vLLM 0.26's log, 2026-11-30)
     "h100": GPU("h100", 80.0, 3.35, 989.0, 450.0),
 }
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """The vLLM knobs that shape memory: defaults of ``vllm serve`` on a >= 70 GiB GPU."""
-
-    max_num_seqs: int = 1024                # vLLM's default on large GPUs (treewy serve launches 256)
-    max_num_batched_tokens: int = 8192
-    kernel_block_alignment: int = 16
-    cudagraph_gib: float = 1.0              # a guess (CUDA graphs on); the tiny model measured 0.14-0.17 GiB
-    non_torch_gib: float = 0.22             # vLLM 0.26's profile on the H200, 2026-11-30 (was a 0.5 guess)
-    sampler_bytes_per_logit: float = 33.0   # fitted to that profile's peak activation (was 20, a formula)
-    mtp_in_pool: bool = True                # the MTP layer's KV shares the pool with the target's
-    language_model_only: bool = True        # served text-only: the vision tower is not loaded
-    # the step's fixed costs (treewy.sim.cost); assumed, unless a calibrated config says otherwise
-    host_overhead_s: float = 0.5e-3         # per engine step
-    host_per_request_s: float = 0.0         # per running request per step (scheduling, sampling, bookkeeping)
-    layer_floor_s: float = 20e-6            # per layer per forward pass
-    graph_max_tokens: int | None = None     # vLLM's max_cudagraph_capture_size (512 by default there): steps of
-    graphs_decode_only: bool = False        # more tokens, or with a prefill chunk under FULL_DECODE_ONLY graphs,
-    eager_step_s: float = 0.0               # run eagerly and cost this on top
-    # vLLM 0.26 schedules step K + 1 before it reads step K's outputs (v1/engine/core.py step_with_batch_queue,
-    # a batch queue of 2; "Asynchronous scheduling is enabled" in its log): what a step frees or sends is seen late
-    async_scheduling: bool = True
-
-
-def activation_reserve_bytes(model: ModelSpec, tp: int = 1, mode: str = "store_all", tree=(1, 1, 1),
-                             server: ServerConfig = ServerConfig()) -> dict[str, int]:
-    """What vLLM keeps out of the KV pool besides weights, term by term (bytes per GPU).
-
-    activations: max_num_batched_tokens tokens of hidden states (4 live copies), the widest
-      projection (GDN qkvz or gated q) and the routed experts' gate/up/down intermediates, bf16;
-    sampler: vLLM's dummy sampler run over min(max_num_seqs, max_num_batched_tokens) rows with top-k /
-      top-p on: fp32 logits, their sort (fp32 values + int64 indices) and fp32 probabilities,
-      20 bytes per vocabulary entry (the largest and least certain term: a real profile decides);
-    pseudo_values: reconstruct only, TreeWY's U for max_num_seqs requests (one layer at a time);
-    cudagraph, non_torch: fixed guesses.
-    """
-    proj = max(2 * model.gdn_key_heads * model.gdn_key_dim + 2 * model.gdn_value_heads * model.gdn_value_dim,
-               model.num_attention_heads * model.head_dim * 2)
-    mlp = model.experts_per_token * model.moe_intermediate_size * 3 if model.num_experts else model.intermediate_size * 3
-    per_token = 2 * (4 * model.hidden_size + proj / tp + mlp / tp)
-    terms = {
-        "activations": int(server.max_num_batched_tokens * per_token),
-        "sampler": int(min(server.max_num_seqs, server.max_num_batched_tokens) * model.vocab_size
-                       * server.sampler_bytes_per_logit),
-        "pseudo_values": model.pseudo_value_bytes(tree, tp) * server.max_num_seqs if mode == "reconstruct" else 0,
-        "cudagraph": int(server.cudagraph_gib * GIB),
-        "non_torch": int(server.non_torch_gib * GIB),
-    }
-    return terms
-
-
-@dataclass(frozen=True)
-class PagingLayout:
-    """The KV pool of one GPU for one (model, gpu, tp, gmu, mode, tree): vLLM's hybrid paging."""
-
-    model: ModelSpec
-    gpu: GPU
-    tp: int
-    gmu: float
-    mode: str
-    num_nodes: int
-    state_dtype: str
-    attn_bytes_per_token_layer: int
-    block_size: int
-    page_bytes: int
-    mamba_page_raw_bytes: int
-    group_size: int
-    attn_groups: int
-    gdn_groups: int
-    pages_per_gdn_group: int
-    weight_bytes: int
-    reserve_bytes: int
-    pool_bytes: int
-    num_blocks: int
-    reserve_terms: dict = field(default_factory=dict)
-
-    @property
-    def block_bytes(self) -> int:
-        return self.page_bytes * self.group_size
-
-    @property
-    def mamba_padding_bytes(self) -> int:
-        return self.page_bytes - self.mamba_page_raw_bytes
-
-    @property
-    def state_blocks_per_request(self) -> int:
-        """Pool blocks a request's GDN state takes (all GDN groups)."""
-        return self.gdn_groups * self.pages_per_gdn_group
-
-    def attn_blocks(self, tokens: int) -> int:
-        return self.attn_groups * -(-int(tokens) // self.block_size)
-
-    def blocks_per_request(self, tokens: int) -> int:
-        """Pool blocks of a request holding ``tokens`` tokens of KV."""
-        _positive("tokens", tokens, "pass the context length of a request (prompt + output)", integer=True)
-        return self.attn_blocks(tokens) + self.state_blocks_per_request
-
-    def max_requests(self, tokens: int) -> int:
-        """How many requests of ``tokens`` tokens fit in the pool at once."""
-        return self.num_blocks // self.blocks_per_request(tokens)
-
-    def max_concurrency(self, tokens: int) -> float:
-        """vLLM's own figure ("Maximum concurrency for N tokens per request: X x"): blocks / blocks per request."""
-        return self.num_blocks / self.blocks_per_request(tokens)
-
-    def summary(self) -> dict:
-        return {
-            "model": self.model.name, "gpu": self.gpu.name, "tp": self.tp, "gmu": self.gmu, "mode": self.mode,
-            "state_dtype": self.state_dtype, "weights_gib": self.weight_bytes / GIB,
-            "reserve_gib": self.reserve_bytes / GIB, "pool_gib": self.pool_bytes / GIB,
-            "block_size": self.block_size, "page_kib": self.page_bytes / KIB,
-            "mamba_padding_kib": self.mamba_padding_bytes / KIB, "group_size": self.group_size,
-            "num_blocks": self.num_blocks, "state_blocks_per_request": self.state_blocks_per_request,
-        }
-
-
-def paging(model: ModelSpec | str, gpu: GPU | str, *, tp: int = 1, gmu: float = 0.9, mode: str = "store_all",
-           tree=(1, 1, 1), state_dtype: str | None = None, server: ServerConfig = ServerConfig()) -> PagingLayout:
-    """Lay out the KV pool the way vLLM does for a GDN hybrid; raises if the weights do not fit."""
-    model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
-    gpu = gpu if isinstance(gpu, GPU) else GPU.from_name(gpu)
-    model.check_tp(tp)
-    if isinstance(gmu, bool) or not isinstance(gmu, (int, float)) or not 0 < gmu <= 1:
-        raise ValueError(f"gmu = {gmu!r}: gpu-memory-utilization is a fraction in (0, 1], e.g. 0.6 or 0.9")
-    if mode not in MODES:
-        raise ValueError(f"mode = {mode!r}: expected one of {MODES}")
-    state_dtype = state_dtype or model.default_state_dtype
-    T = tree_num_nodes(tree)
-    N = T - 1
-
-    attn_layers = model.num_attn_layers + (model.mtp_layers if server.mtp_in_pool else 0)
-    attn_tok = int(2 * model.kv_heads_per_gpu(tp) * model.head_dim * 2)   # one layer, bf16 K and V
-    conv_width = model.conv_kernel - 1 + N                                 # vLLM's sliding conv window, both modes
-    mamba_raw = model.conv_state_bytes(conv_width, tp) + model.gdn_state_bytes(state_dtype, tp) // model.num_gdn_layers
-    if mode == "reconstruct":
-        mamba_raw += model.reconstruct_stash_bytes(tree, tp)
-    align = server.kernel_block_alignment
-    block_size = align * -(-mamba_raw // (align * attn_tok))
-    page = block_size * attn_tok
-    group_size = min(attn_layers, model.num_gdn_layers)
-    if max(attn_layers, model.num_gdn_layers) < 1.25 * group_size:
-        group_size = max(attn_layers, model.num_gdn_layers)
-    attn_groups = -(-attn_layers // group_size)
-    gdn_groups = -(-model.num_gdn_layers // group_size)
-
-    weights = model.weight_bytes(tp, vision=not server.language_model_only)
-    terms = activation_reserve_bytes(model, tp, mode, tree, server)
-    reserve = sum(terms.values())
-    budget = gmu * gpu.memory_bytes
-    pool = budget - weights - reserve
-    if pool <= 0:
-        need = (weights + reserve) / gpu.memory_bytes
-        raise ValueError(
-            f"gmu = {gmu}: {gmu} x {gpu.memory_gib:.0f} GiB ({gpu.name}) = {budget / GIB:.1f} GiB leaves no room for the "
-            f"KV pool: weights take {weights / GIB:.1f} GiB per GPU at tp = {tp} and the activation reserve "
-            f"{reserve / GIB:.1f} GiB; " + (f"raise gmu above {need:.2f} or raise tp" if need < 1 else
-                                               "the model does not fit this GPU at this tp: raise tp"))
-    num_blocks = int(pool // (page * group_size))
-    return PagingLayout(
-        model=model, gpu=gpu, tp=tp, gmu=float(gmu), mode=mode, num_nodes=T, state_dtype=state_dtype,
-        attn_bytes_per_token_layer=attn_tok, block_size=block_size, page_bytes=page, mamba_page_raw_bytes=mamba_raw,
-        group_size=group_size, attn_groups=attn_groups, gdn_groups=gdn_groups,
-        pages_per_gdn_group=model.state_blocks(mode, tree), weight_bytes=weights, reserve_bytes=reserve,
-        pool_bytes=int(pool), num_blocks=num_blocks, reserve_terms=terms)
-
-
-def max_requests(model, gpu, tokens: int, *, tp: int = 1, gmu: float = 0.9, mode: str = "store_all",
-                 tree=(1, 1, 1), state_dtype: str | None = None) -> int:
-    """Requests of ``tokens`` tokens that fit in the pool at once."""
-    return paging(model, gpu, tp=tp, gmu=gmu, mode=mode, tree=tree, state_dtype=state_dtype).max_requests(tokens)
-
-
-def memory_table(names=("qwen3.5-35b-a3b", "qwen3.5-397b-a17b"), context: int = 32768, tree=(1, 1, 1),
-                 state_dtype: str = "bfloat16"):
-    """Per-sequence memory of each preset (TP1): the figures of DESIGN.md section 4, as a polars frame."""
-    import polars as pl
-
-    rows = []
-    for name in names:
-        m = ModelSpec.from_name(name)
-        rows.append({
-            "model": m.name,
-            "KV per token (KiB)": m.kv_bytes_per_token() / KIB,
-            f"GDN state {state_dtype} (MiB)": m.gdn_state_bytes(state_dtype) / MIB,
-            f"store-all {tree} (MiB)": m.state_bytes("store_all", tree, state_dtype) / MIB,
-            "reconstruct (MiB)": m.state_bytes("reconstruct", tree, state_dtype) / MIB,
-            f"KV at {context // 1024}K (GiB)": m.kv_bytes_per_token() * context / GIB,
-        })
-    return pl.DataFrame(rows)
