@@ -1,7 +1,7 @@
 """Where trees should leave the one-launch path kernel for the dense kernel: both timed (autotuned, previous
 commit folded in, CUDA-graph medians) over batch sizes between 1 and 64, one GDN layer of Qwen3.5-35B-A3B.
 
-    python benchmarks/bench_batch_crossover.py --out DIR
+    python -m benchmarks.bench_batch_crossover --out DIR
 
 Writes DIR/batch_crossover_<device>_<date>.json and prints one line per (tree, B) as measured;
 ``select.DENSE_MIN_BATCH`` is set from it.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from common import time_families, write_measured
+from benchmarks.common import time_families, write_measured
 from treewy.tree import DraftTree
 
 TREES = {"(2,2,2)": DraftTree.from_widths((2, 2, 2)), "(3,3,3)": DraftTree.from_widths((3, 3, 3))}

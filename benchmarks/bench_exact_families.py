@@ -1,7 +1,7 @@
 """The tree families under exact fp32 products (dot precision "ieee", the path of GPUs without tf32), timed side
 by side (autotuned, previous commit folded in, CUDA-graph medians), one GDN layer of Qwen3.5-35B-A3B.
 
-    python benchmarks/bench_exact_families.py --out DIR
+    python -m benchmarks.bench_exact_families --out DIR
 
 Writes DIR/exact_families_<device>_<date>.json; ``select_kernel(exact=True)`` is set from it.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from common import time_families, write_measured
+from benchmarks.common import time_families, write_measured
 from treewy.tree import DraftTree
 
 T333, T222 = DraftTree.from_widths((3, 3, 3)), DraftTree.from_widths((2, 2, 2))

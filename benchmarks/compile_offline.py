@@ -3,11 +3,11 @@ compiler made of it: registers, stack (spills), shared memory and a static count
 opcodes (shuffles, shared-memory traffic, barriers, loads, stores, FMAs). Cheap to run before
 spending GPU time; the register counts matched the H200's within a few registers on 2026-11-29.
 
-    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel chain --BV 8 --warps 1 --stages 3
-    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel path --T 40 --BV 32 --BK 32 --warps 4 --ttgir
-    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel path --split --T 40 --BV 32 --BK 32 --warps 4
-    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --kernel tables --T 40 --warps 4
-    TRITON_INTERPRET=0 python benchmarks/compile_offline.py --all     # every config the launchers may pick
+    TRITON_INTERPRET=0 python -m benchmarks.compile_offline --kernel chain --BV 8 --warps 1 --stages 3
+    TRITON_INTERPRET=0 python -m benchmarks.compile_offline --kernel path --T 40 --BV 32 --BK 32 --warps 4 --ttgir
+    TRITON_INTERPRET=0 python -m benchmarks.compile_offline --kernel path --split --T 40 --BV 32 --BK 32 --warps 4
+    TRITON_INTERPRET=0 python -m benchmarks.compile_offline --kernel tables --T 40 --warps 4
+    TRITON_INTERPRET=0 python -m benchmarks.compile_offline --all     # every config the launchers may pick
 
 Uses the ptxas and nvdisasm that ship with Triton's NVIDIA backend. Pointers and the state's batch
 stride are marked 16-byte aligned, as Triton specializes them at run time.

@@ -1,6 +1,6 @@
 """Torch ops that launch device work in one GDN layer's spec step, counted on CPU with the torch profiler.
 
-    .venv/bin/python benchmarks/count_spec_step_ops.py [--stub] [--vllm-src DIR] [--B 4] [--T 4] [--out FILE]
+    .venv/bin/python -m benchmarks.count_spec_step_ops [--stub] [--vllm-src DIR] [--B 4] [--T 4] [--out FILE]
 
 Runs, once each under ``torch.profiler`` (CPU activity), what one GDN layer does per spec step in each mode:
 
@@ -29,11 +29,10 @@ import sys
 import types
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
-import common  # noqa: E402,F401  (imports treewy before triton: the interpreter switch where there is no GPU)
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+import treewy  # noqa: F401  (before triton: the interpreter switch where there is no GPU)
 
 #: aten ops that move no data: views, shape queries and allocations without a fill.
 NO_LAUNCH = {

@@ -1,6 +1,6 @@
 """GPU parity sweep of the Triton kernels at the real shapes of Qwen3.5-35B-A3B and 397B-A17B.
 
-    python benchmarks/gpu_parity.py --out DIR [--batches 1 256]
+    python -m benchmarks.gpu_parity --out DIR [--batches 1 256]
 
 Every paper tree shape and the chains k = 1..7, B up to 256: fp32 (tf32 off) within 1e-5
 relative RMS of the fp64 reference, bf16 inputs within 2x the error of the reference run in bf16;
@@ -24,14 +24,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from treewy.ops import (  # noqa: E402
+from treewy.ops import (
     naive_tree_commit, naive_tree_recurrent, naive_tree_verify, store_all_verify, tree_commit, tree_verify,
 )
-from treewy.ops.commit.kernel import tree_commit_fwd  # noqa: E402
-from treewy.ops.verify.kernel import tree_verify_fwd  # noqa: E402
-from treewy.tree import DraftTree  # noqa: E402
+from treewy.ops.commit.kernel import tree_commit_fwd
+from treewy.ops.verify.kernel import tree_verify_fwd
+from treewy.tree import DraftTree
 
 MODELS = {"35B-A3B": dict(H=16, HV=32, K=128, V=128), "397B-A17B": dict(H=16, HV=64, K=128, V=128)}
 WIDTHS = [(1, 1, 1), (2, 1, 1), (2, 2, 1), (2, 2, 2), (3, 2, 2), (3, 3, 2), (3, 3, 3)]

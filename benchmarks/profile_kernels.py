@@ -2,9 +2,9 @@
 cases, with its registers, spills and static SASS instruction mix; then, under Nsight Compute, the
 fastest config of each kernel (and fla, store-all) profiled once.
 
-    python benchmarks/profile_kernels.py --out DIR [--deadline 240]
+    python -m benchmarks.profile_kernels --out DIR [--deadline 240]
     ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \\
-        python benchmarks/profile_kernels.py --out DIR --ncu
+        python -m benchmarks.profile_kernels --out DIR --ncu
 
 The first form writes DIR/profile_<device>_<date>.json and prints one line per config as measured;
 the second reads that file and launches each fastest config once between cudaProfilerStart/Stop

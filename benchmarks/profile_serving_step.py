@@ -1,10 +1,10 @@
 """Where a decode step's time goes, TreeWY (reconstruct) vs store-all, at batches 1, 16, 32, 64, 128, 256 (one GPU).
 
-    python benchmarks/profile_serving_step.py gdn --out $OUT                          # the GDN spec step alone
-    python benchmarks/profile_serving_step.py engine --mode store_all --out $OUT      # inside vLLM 0.26, one mode
-    python benchmarks/profile_serving_step.py engine --mode reconstruct --out $OUT    #   per process (the plugin
-    python benchmarks/profile_serving_step.py table $OUT/engine_*.json --out $OUT     #   registers at vLLM start)
-    python benchmarks/profile_serving_step.py gdn --smoke --out DIR                   # CPU (interpreter)
+    python -m benchmarks.profile_serving_step gdn --out $OUT                          # the GDN spec step alone
+    python -m benchmarks.profile_serving_step engine --mode store_all --out $OUT      # inside vLLM 0.26, one mode
+    python -m benchmarks.profile_serving_step engine --mode reconstruct --out $OUT    #   per process (the plugin
+    python -m benchmarks.profile_serving_step table $OUT/engine_*.json --out $OUT     #   registers at vLLM start)
+    python -m benchmarks.profile_serving_step gdn --smoke --out DIR                   # CPU (interpreter)
 
 ``gdn``: one GDN layer of Qwen3.5-35B-A3B (H = 16, HV = 32, K = V = 128, bf16 inputs, fp32 state), a chain of
 k = 3 (T = 4) per request, each request with a pending window. reconstruct: the plugin's
@@ -41,10 +41,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
 
-import common  # noqa: E402,F401  (imports treewy before triton: the interpreter switch where there is no GPU)
-import torch  # noqa: E402
+import treewy  # noqa: F401  (before triton: the interpreter switch where there is no GPU)
 
 BATCHES = (1, 16, 32, 64, 128, 256)
 DIMS = dict(H=16, HV=32, K=128, V=128)

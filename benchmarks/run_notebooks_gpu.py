@@ -1,6 +1,6 @@
 """Execute every notebook headless on this machine's GPU (TREEWY_DEVICE=cuda), with the kernels live.
 
-    PYTHONPATH=/tmp/site:$PWD python3 benchmarks/run_notebooks_gpu.py --out "$OUT"
+    PYTHONPATH=/tmp/site:$PWD python3 -m benchmarks.run_notebooks_gpu --out "$OUT"
 
 Writes into --out (default: $OUT): each executed notebook (outputs kept, `<name>.ipynb`), `summary.json` and
 `summary.txt` with the device, date, library versions and each notebook's wall time; exits 1 if any notebook

@@ -1,6 +1,6 @@
 """The tidy serving table (``treewy.schema``) from sweep checkpoints written on a machine without polars (CPU).
 
-    python benchmarks/serving_table.py OUT.parquet A.points.jsonl [B.points.jsonl ...] [--set max_num_seqs=256 ...]
+    python -m benchmarks.serving_table OUT.parquet A.points.jsonl [B.points.jsonl ...] [--set max_num_seqs=256 ...]
 
 Each checkpoint's last record per point wins (as ``treewy bench-serve`` resumes); ``--set`` fills columns the
 rows do not carry (for example ``max_num_seqs`` and ``weights`` for rows written before those columns existed),
@@ -13,7 +13,6 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 """The simulator against the paper's serving tables (Tables 1 and 3: both models, every gmu), cell by cell (CPU).
 
-    python benchmarks/sim_paper_tables.py --out benchmarks/results/sim_vs_paper_tables_b200_2026-12-01.txt
+    python -m benchmarks.sim_paper_tables --out benchmarks/results/sim_vs_paper_tables_b200_2026-12-01.txt
 
 For each (model, tp, gmu) of ``treewy.sim.paper_tables.PAPER_TABLES``: the simulator's sweep on the paper's GPU
 (B200), its five workloads, both modes, concurrency 1-256, the default acceptance (the paper's 35B chain) and the
@@ -15,7 +15,6 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None) -> int:

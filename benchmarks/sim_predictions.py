@@ -1,6 +1,6 @@
 """The simulator's predictions for the 35B H200 serving sweep, written before the sweep runs (CPU, about a minute).
 
-    python benchmarks/sim_predictions.py --out benchmarks/results/predictions_35b_h200_tp1_2026-12-01
+    python -m benchmarks.sim_predictions --out benchmarks/results/predictions_35b_h200_tp1_2026-12-01
 
 writes OUT.parquet (the tidy serving table, SIMULATED rows), OUT.json (the grid, the requests per point, the
 simulator's git commit and the date) and OUT.txt (per point, then the ratio table per gmu beside the paper's B200
@@ -15,7 +15,6 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def text_table(df, meta) -> str:

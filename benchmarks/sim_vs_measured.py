@@ -1,6 +1,6 @@
 """The simulator beside a measured serving sweep, and the fit of its fixed step costs (CPU, a few seconds).
 
-    python benchmarks/sim_vs_measured.py treewy/data/serving_qwen3.5-35b-a3b_h200_gmu0.6_2026-11-30.parquet \
+    python -m benchmarks.sim_vs_measured treewy/data/serving_qwen3.5-35b-a3b_h200_gmu0.6_2026-11-30.parquet \
         --gpu h200 --out benchmarks/results/sim_vs_measured_qwen3.5-35b-a3b_h200_2026-11-30.txt
 
 For every good measured point (closed loop), simulates the same model, GPU, gmu, workload, mode, requests sent
@@ -21,7 +21,6 @@ import dataclasses
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def simulate_like(rows, gpu: str, server):

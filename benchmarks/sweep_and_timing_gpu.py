@@ -1,8 +1,8 @@
 """One GPU run that explains the engine's per-step time: a profile, per-step times by phase, the full
 acceptance sweep and the cross-checks, on the committed tiny checkpoint (no training).
 
-    PYTHONPATH=. python benchmarks/sweep_and_timing_gpu.py --out DIR
-    PYTHONPATH=. python benchmarks/sweep_and_timing_gpu.py --out /tmp/x --toy     # CPU end-to-end check
+    python -m benchmarks.sweep_and_timing_gpu --out DIR
+    python -m benchmarks.sweep_and_timing_gpu --out /tmp/x --toy     # CPU end-to-end check
 
 Writes into DIR (every table as .jsonl, and as .parquet where polars or pyarrow imports):
   summary.json  environment, stage times and errors, the backend cross-check (Triton vs torch tokens and
@@ -43,10 +43,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import backend_check, divergence, environment, log, write_rows
 
-from benchmarks.common import backend_check, divergence, environment, log, write_rows  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 BUDGETS = dict(check=35, profile=40, timing=150, divergence=20, sweep=145)
 PROFILE_TREE = (2, 2, 2)

@@ -1,7 +1,7 @@
 """Acceptance length against temperature on the tiny checkpoint, and the chi-square checks of sampled
 speculation, in one scripted run (CPU or GPU).
 
-    python benchmarks/temperature_sweep.py --out DIR [--device cpu] [--prompts 16] [--max-new-tokens 48]
+    python -m benchmarks.temperature_sweep --out DIR [--device cpu] [--prompts 16] [--max-new-tokens 48]
 
 Writes into DIR, named <date>_<device>_tiny_temperature_sweep.*:
   .parquet   one row per (drafter, shape, rule, temperature): treewy.sampling.sweep.temperature_sweep
@@ -21,12 +21,11 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import treewy.accept as accept
+from treewy.experiments.sampling_check import second_token_check, toy_check
+from treewy.experiments.sampling_sweep import SHAPES, TEMPERATURES, cpu_name, temperature_sweep
 
-import treewy.accept as accept  # noqa: E402
-from treewy.experiments.sampling_check import second_token_check, toy_check  # noqa: E402
-from treewy.experiments.sampling_sweep import SHAPES, TEMPERATURES, cpu_name, temperature_sweep  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def checks(model) -> list[dict]:

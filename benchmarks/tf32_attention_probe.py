@@ -1,6 +1,6 @@
 """Would tf32 attention move an fp32 near-tie? The tiny model on the CPU, attention's operands rounded to tf32 (CPU).
 
-    python benchmarks/tf32_attention_probe.py REPORT --prompt 6 --tokens 79 69
+    python -m benchmarks.tf32_attention_probe REPORT --prompt 6 --tokens 79 69
 
 vLLM serves fp32 models with its Triton attention, whose ``tl.dot`` reads fp32 tiles as tf32 by default. This
 re-scores a prompt of a ``vllm_serve_gpu.py tiny`` report with the tiny model in fp32 four ways: torch's attention,
@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def tf32_nearest(x):

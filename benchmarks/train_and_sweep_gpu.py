@@ -1,7 +1,7 @@
 """One scripted GPU run: train the tiny checkpoint, then measure tree speculative decoding with it.
 
-    python benchmarks/train_and_sweep_gpu.py --out DIR [--minutes 5]
-    python benchmarks/train_and_sweep_gpu.py --out /tmp/x --toy        # end-to-end check on a CPU
+    python -m benchmarks.train_and_sweep_gpu --out DIR [--minutes 5]
+    python -m benchmarks.train_and_sweep_gpu --out /tmp/x --toy        # end-to-end check on a CPU
 
 Writes into DIR:
   tiny/config.json, tiny/model.safetensors, tiny/README.md   the checkpoint and its card
@@ -25,10 +25,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import backend_check, divergence, environment, log
 
-from benchmarks.common import backend_check, divergence, environment, log  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 """Where greedy outputs of the tiny-model runs on real vLLM differ, and whether each difference is a near-tie (CPU).
 
-    python benchmarks/vllm_divergence.py benchmarks/results/vllm_h200_2026-11-30/tiny_session5.json
+    python -m benchmarks.vllm_divergence benchmarks/results/vllm_h200_2026-11-30/tiny_session5.json
 
 Reads a report of ``vllm_serve_gpu.py tiny`` / ``compare`` and, for every pair of outputs that differ (store_all vs
 reconstruct in the same phase, and each run vs ``treewy.decode.generate``), finds the first token where they part
@@ -17,10 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import first_difference, next_logits
 
-from benchmarks.common import first_difference, next_logits  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pairs(report: dict):

@@ -1,7 +1,7 @@
 """Two checks of point 4 on real vLLM (0.26.x) in fp32, run in-process so that nothing depends on timing.
 
-    PYTHONPATH=/tmp/site:. python benchmarks/vllm_fp32_checks.py probe --out DIR [--triton-f32 ieee]
-    PYTHONPATH=/tmp/site:. python benchmarks/vllm_fp32_checks.py preempt --out DIR
+    PYTHONPATH=/tmp/site:. python -m benchmarks.vllm_fp32_checks probe --out DIR [--triton-f32 ieee]
+    PYTHONPATH=/tmp/site:. python -m benchmarks.vllm_fp32_checks preempt --out DIR
 
 ``probe``: how far vLLM's fp32 prefill is from exact. vLLM (stock, no drafts, ``TREEWY_FP32_PREFILL=1``) scores the
 held-out prompts of ``vllm_serve_gpu.py tiny`` with ``prompt_logprobs`` and ``logprobs`` of 5; the tiny model in
@@ -32,10 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.vllm_serve_gpu import ENV_026, treewy_outputs
 
-from benchmarks.vllm_serve_gpu import ENV_026, treewy_outputs  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 #: vLLM's engine settings both checks share: the tiny model in fp32, prefix caching off (reconstruct's
 #: requirement), the GDN prefill through treewy's exact recurrence in both modes (vLLM 0.26's refuses fp32).
@@ -59,8 +58,8 @@ def run_worker(job: dict, env: dict, out: Path, name: str) -> dict:
     job_path, res_path = out / f"{name}.job.json", out / f"{name}.result.json"
     job_path.write_text(json.dumps({**job, "result": str(res_path)}))
     with open(out / f"{name}.log", "w") as f:
-        rc = subprocess.run([sys.executable, __file__, "worker", str(job_path)], env={**os.environ, **env},
-                            stdout=f, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run([sys.executable, "-m", "benchmarks.vllm_fp32_checks", "worker", str(job_path)],
+                            cwd=ROOT, env={**os.environ, **env}, stdout=f, stderr=subprocess.STDOUT).returncode
     if rc != 0 or not res_path.is_file():
         tail = (out / f"{name}.log").read_text(errors="replace").splitlines()[-15:]
         return {"error": f"worker exited with {rc}", "log_tail": tail}

@@ -1,9 +1,9 @@
 """TreeWY inside real vLLM (0.26.x) on one GPU or more: correctness on the tiny checkpoint, memory, serving curves, a fault.
 
-    PYTHONPATH=/tmp/site:. python benchmarks/vllm_serve_gpu.py tiny --out DIR        # points 3-5 on the tiny model
-    PYTHONPATH=/tmp/site:. python benchmarks/vllm_serve_gpu.py sweep --mode store_all --out DIR   # 35B dummy
-    PYTHONPATH=/tmp/site:. python benchmarks/vllm_serve_gpu.py sweep --tp 2 --gmu 0.4 --mode reconstruct --out DIR
-    PYTHONPATH=/tmp/site:. python benchmarks/vllm_serve_gpu.py acceptance --mode reconstruct --out DIR
+    PYTHONPATH=/tmp/site:. python -m benchmarks.vllm_serve_gpu tiny --out DIR        # points 3-5 on the tiny model
+    PYTHONPATH=/tmp/site:. python -m benchmarks.vllm_serve_gpu sweep --mode store_all --out DIR   # 35B dummy
+    PYTHONPATH=/tmp/site:. python -m benchmarks.vllm_serve_gpu sweep --tp 2 --gmu 0.4 --mode reconstruct --out DIR
+    PYTHONPATH=/tmp/site:. python -m benchmarks.vllm_serve_gpu acceptance --mode reconstruct --out DIR
 
 ``tiny``: exports treewy/models/tiny to vLLM's layout, then for each mode (store_all = stock vLLM,
 reconstruct = the treewy plugin) starts ``vllm serve`` (MTP k = 3, temperature 0, CUDA graphs on) and
@@ -65,12 +65,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from treewy.serve.launcher import ServeOptions, VLLMServer, build_command
+from treewy.serve.metrics import parse_prometheus
+from treewy.workloads import MEASURED_WORKLOADS
 
-from treewy.serve.launcher import ServeOptions, VLLMServer, build_command  # noqa: E402
-from treewy.serve.metrics import parse_prometheus  # noqa: E402
-from treewy.workloads import MEASURED_WORKLOADS  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 VLLM_026_ARGS = ["--language-model-only", "--gdn-prefill-backend", "triton"]
 #: NVLink SHARP / multicast off: NCCL, torch symmetric memory and NVSHMEM would otherwise try it at TP > 1

@@ -43,9 +43,11 @@ def one_thread():
 
 @pytest.fixture
 def bench_script():
-    """Load a script of benchmarks/ as a module (the folder is not a package): ``bench_script("vllm_serve_gpu")``."""
+    """A script of benchmarks/ loaded afresh as ``benchmarks.NAME``, the module ``python -m benchmarks.NAME`` runs:
+    ``bench_script("vllm_serve_gpu")``."""
     def load(name: str):
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "benchmarks" / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(f"benchmarks.{name}",
+                                                      Path(__file__).parents[1] / "benchmarks" / f"{name}.py")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return mod
