@@ -3,14 +3,13 @@ wall times, and a non-zero exit when a notebook fails."""
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import nbformat
 
+from benchmarks import run_notebooks_gpu
+
 ROOT = Path(__file__).parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import run_notebooks_gpu  # noqa: E402
 
 
 def test_runner_writes_executed_notebooks_and_fails_on_an_error(tmp_path):

@@ -13,8 +13,6 @@ empty ones, padding rows on slots 0 and -1, pools laid out as vLLM lays out a Ma
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -156,8 +154,7 @@ def test_vllm_spec_update_takes_vllm_arguments():
 
 def test_spec_step_is_one_launch_and_no_torch_op(monkeypatch):
     monkeypatch.undo()     # conftest's NaN-filled torch.empty is a fill of its own
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import count_spec_step_ops as count
+    from benchmarks import count_spec_step_ops as count
 
     step, flush = count.reconstruct_fns(4, 4)
     for what, fn in (("spec step", step), ("flush", flush)):
@@ -167,8 +164,7 @@ def test_spec_step_is_one_launch_and_no_torch_op(monkeypatch):
 
 
 def test_engine_profile_tables_sum_kernels_per_layer_kind():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import profile_serving_step as prof
+    from benchmarks import profile_serving_step as prof
 
     assert prof.layer_kind("chain_spec_step_kernel") == prof.layer_kind(
         "fused_sigmoid_gating_delta_rule_update_kernel") == "gdn spec step"
