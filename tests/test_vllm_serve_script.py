@@ -72,7 +72,7 @@ def test_acceptance_check_serves_the_default_acceptance_and_reports_graphs(tmp_p
     measured) and the report; a point that strayed makes the exit code 1."""
     import treewy.serve.export as export
     from treewy.serve.sweep import Sweep
-    from treewy.serve.sweep import _base_row as sweep_row
+    from treewy.serve.sweep_points import _base_row as sweep_row
 
     mod = bench_script("vllm_serve_gpu")
     monkeypatch.setattr(export, "export_dummy", lambda *a, **k: str(tmp_path / "model"))
