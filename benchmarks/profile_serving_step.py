@@ -173,7 +173,7 @@ def device_kernels(fn, smoke) -> list[tuple[str, float]]:
 
 
 def cmd_gdn(args) -> int:
-    from count_spec_step_ops import _vllm_module
+    from benchmarks.count_spec_step_ops import _vllm_module
 
     smoke = args.smoke
     device = "cpu" if smoke else "cuda"
