@@ -141,11 +141,12 @@ def node_errors_frame(rows: list[dict]) -> pl.DataFrame:
 
 
 def kernel_results_frame(path=None, fastest: bool = True) -> pl.DataFrame:
-    """The timed cases of a kernel benchmark file (default: the newest targets table, ``treewy.results``), each row
-    labelled with its device and date; ``fastest``: one row per case, the fastest kernel measured for it."""
-    from treewy.results import fastest_rows, kernel_table, newest_targets
+    """The timed cases of a kernel benchmark file (default: the current targets table, ``treewy.results``), each
+    row labelled with its device and date; ``fastest``: one row per case, the fastest kernel measured for it."""
+    from treewy.results import fastest_rows, kernel_table
+    from treewy.results import table as current_table
 
-    table = kernel_table(path or _newest_targets(newest_targets))
+    table = kernel_table(path or current_table("kernel_targets"))
     rows = fastest_rows(table["rows"]) if fastest else table["rows"]
     df = pl.DataFrame(rows, infer_schema_length=None)
     if "kernel" not in df.columns:
@@ -153,26 +154,16 @@ def kernel_results_frame(path=None, fastest: bool = True) -> pl.DataFrame:
     return df.with_columns(source=pl.lit(f"{table['device']}, {table['date']} (measured)"))
 
 
-def _newest_targets(newest_targets):
-    from treewy.results import search_dirs
-
-    path = newest_targets()
-    if path is None:
-        raise FileNotFoundError(f"no targets_*.json in {[str(d) for d in search_dirs()]}: run "
-                                "benchmarks/bench_kernels.py on a GPU")
-    return path
-
-
 def kernel_targets_frame(path=None) -> pl.DataFrame:
     """The kernel performance targets of a targets_<device>_<date>.json (benchmarks/bench_kernels.py; default: the
-    newest one, ``treewy.results``) as a frame: target, measured, unit, bar, result, source."""
+    current one, ``treewy.results``) as a frame: target, measured, unit, bar, result, source."""
     import json
     from pathlib import Path
 
     from treewy.bench.timing import target_result
-    from treewy.results import newest_targets
+    from treewy.results import table
 
-    path = Path(path or _newest_targets(newest_targets))
+    path = Path(path or table("kernel_targets"))
     data = json.loads(path.read_text())
     rows = [dict(target=t["target"].strip(), measured=float(t["measured"]), unit=t["unit"], bar=t["bar"],
                  result=target_result(t)) for t in data["targets"]]

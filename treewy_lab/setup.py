@@ -20,14 +20,14 @@ _LOADS = (("torch", "torch"), ("treewy", "treewy"), ("polars", "polars"), ("alta
 
 
 def __getattr__(name: str):
-    """``RESULTS_DIRS``: where measured tables are read from (the package's data, then, in a source checkout,
-    benchmarks/results/ and results/); ``USER_RESULTS``: where ``treewy bench-serve`` writes (results/)."""
+    """``RESULTS_DIRS``: where measured serving rows are read from (the package's data, then, in a source checkout,
+    your own runs in results/); ``USER_RESULTS``: where ``treewy bench-serve`` writes (results/)."""
     from treewy.results import checkout_dirs, search_dirs
 
     if name == "RESULTS_DIRS":
         return search_dirs()
     if name == "USER_RESULTS":
-        return checkout_dirs()[1] if checkout_dirs() else Path("results")
+        return checkout_dirs()[0] if checkout_dirs() else Path("results")
     raise AttributeError(f"module 'treewy_lab.setup' has no attribute {name!r}")
 
 
