@@ -1,19 +1,20 @@
 """Step-level continuous batching, the way vLLM's V1 scheduler runs a GDN hybrid with speculation.
 
-Every step:
+``run`` is the loop; each regular step (``_Engine.step``) does, in order:
 
-1. Running requests, oldest first: a decoding request schedules T = N + 1 tokens (its last token
+1. Running requests, oldest first (``_schedule_oldest``, in one vectorized pass while nobody must be preempted,
+   then ``_schedule_rest``): a decoding request schedules T = N + 1 tokens (its last token
    and N drafts); a prefilling request a chunk of what is left of its prompt (chunked prefill),
    while the step's token budget (``max_num_batched_tokens``) lasts. Each needs attention blocks
    for its KV slots (``cdiv(tokens, block_size)`` per attention group); when the pool has too few
    free blocks, the newest running request is preempted (recompute: its blocks are freed, it goes
    back to the front of the waiting queue and later prefills prompt + generated tokens again), as
    many times as needed, possibly the request itself.
-2. If nothing was preempted, waiting requests are admitted in arrival order while the budget,
+2. If nothing was preempted, waiting requests are admitted (``_admit``) in arrival order while the budget,
    ``max_num_seqs`` and the pool allow: a request's first chunk of KV blocks and all its GDN state
    pages (store-all N + 1 per GDN group, reconstruct 1) must fit. The first that does not fit
    stops admission (FCFS).
-3. The step takes ``cost(...)`` seconds. A prefill that completes samples the first token (TTFT).
+3. The step takes ``cost(...)`` seconds (``_execute``). A prefill that completes samples the first token (TTFT).
    A verify emits 1 + a tokens, where a is the accepted depth: P(a >= i) = prod of the per-depth
    acceptance rates up to i. Output stops at the request's length.
 
@@ -28,9 +29,9 @@ the end of step K and sends the next request of a closed loop; that request reac
 was scheduled and prefills in step K + 3: its TTFT is three steps, not one. A request arriving during step K
 (open loop) is first seen when step K + 2 is scheduled. An idle engine schedules at once.
 
-Between events (a finish, an arrival, a shortage of blocks) a batch of pure decode steps is
-advanced in one vectorized block (``_fast_decode``): the same draws, the same costs, the same
-block growth, just not one Python iteration per step.
+Between events (a finish, an arrival, a shortage of blocks) a batch of pure decode steps is advanced in one
+vectorized block (``treewy.sim.fast_path``): the same rules for draws, costs and block growth, not one Python
+iteration per step.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import numpy as np
 
 from treewy.memory import PagingLayout, ServerConfig
 from treewy.sim.cost import StepCost
+from treewy.sim.fast_path import decode_until_event
 
 
 @dataclass
@@ -69,309 +71,302 @@ def run(layout: PagingLayout, cost: StepCost, prompt: np.ndarray, output: np.nda
         accept_cum: np.ndarray, rng: np.random.Generator, concurrency: int | None = None,
         send_times: np.ndarray | None = None, server: ServerConfig = ServerConfig()) -> PointResult:
     """Simulate one load point: a closed loop of ``concurrency`` or Poisson ``send_times``."""
-    R = len(prompt)
-    T = cost.T
-    bs = layout.block_size
-    ag = layout.attn_groups
-    mamba = layout.state_blocks_per_request
-    total = layout.num_blocks
-    free = total
-    cum_p = np.asarray(accept_cum, dtype=float)        # P(accepted depth >= i), i = 1..D
-    max_seqs, max_tok = server.max_num_seqs, server.max_num_batched_tokens
+    engine = _Engine(layout, cost, prompt, output, accept_cum, rng, concurrency, send_times, server)
+    engine.refill(0.0)
+    while True:
+        engine.see_new_work()
+        if not engine.running and not engine.waiting:
+            if engine.wait_idle():
+                continue
+            break
+        if not decode_until_event(engine):
+            engine.step()
+    return engine.result()
 
-    gen = np.zeros(R, np.int64)
-    comp = np.zeros(R, np.int64)
-    held = np.zeros(R, np.int64)
-    prefilling = np.ones(R, bool)
-    pf_target = prompt.astype(np.int64).copy()
-    t_send = np.full(R, np.nan)
-    t_first = np.full(R, np.nan)
-    t_done = np.full(R, np.nan)
-    failed = np.zeros(R, bool)
-    finish_count = np.zeros(R, np.int64)
-    too_big = ag * -(-(prompt + output) // bs) + mamba > total
-    lag = server.async_scheduling
-    pending: deque[tuple[int, list[int]]] = deque()   # (step, requests it finished): read by the scheduler at step + 2
-    transit: list[int] = []                          # sent after the last schedule: seen by the next one
-    sure_done = np.zeros(R, bool)                    # finished by a step's one sure token (not scheduled again)
-    last_start: float | None = None                  # start of the step before the one about to run
 
-    running: list[int] = []
-    waiting: deque[int] = deque()
-    now = 0.0
-    peak_blocks = peak_running = preemptions = steps = violations = 0
-    decode_steps = decode_tokens = 0
-    next_req = 0
-    closed = send_times is None
+class _Batch:
+    """The requests one regular step runs: their ids, tokens this step and whether each is a prefill chunk."""
 
-    def send(r: int, t: float, late: bool = False) -> None:
-        t_send[r] = t
-        if too_big[r]:
-            failed[r] = True
-            t_done[r] = t
+    def __init__(self):
+        self.ids: list[int] = []
+        self.tokens: list[int] = []
+        self.prefill: list[bool] = []
+
+    def add(self, r: int, tokens: int, prefill: bool) -> None:
+        self.ids.append(r)
+        self.tokens.append(tokens)
+        self.prefill.append(prefill)
+
+
+class _Engine:
+    """One load point as the engine sees it: the requests, the block pool, the queues, the clock, the counters."""
+
+    def __init__(self, layout: PagingLayout, cost: StepCost, prompt, output, accept_cum, rng, concurrency,
+                 send_times, server: ServerConfig):
+        R = self.R = len(prompt)
+        self.cost, self.rng, self.prompt, self.output = cost, rng, prompt, output
+        self.concurrency, self.send_times, self.closed = concurrency, send_times, send_times is None
+        self.T, self.bs, self.ag = cost.T, layout.block_size, layout.attn_groups
+        self.mamba = layout.state_blocks_per_request    # state pages: held from admission to finish or preemption
+        self.total = self.free = layout.num_blocks
+        self.cum_p = np.asarray(accept_cum, dtype=float)    # P(accepted depth >= i), i = 1..D
+        self.max_seqs, self.max_tok = server.max_num_seqs, server.max_num_batched_tokens
+        self.lag = server.async_scheduling
+
+        self.gen = np.zeros(R, np.int64)              # tokens generated
+        self.comp = np.zeros(R, np.int64)             # tokens in the KV cache
+        self.held = np.zeros(R, np.int64)             # attention blocks held
+        self.prefilling = np.ones(R, bool)
+        self.pf_target = prompt.astype(np.int64).copy()   # tokens to prefill: the prompt, + generated after preemption
+        self.t_send = np.full(R, np.nan)
+        self.t_first = np.full(R, np.nan)
+        self.t_done = np.full(R, np.nan)
+        self.failed = np.zeros(R, bool)
+        self.finish_count = np.zeros(R, np.int64)
+        self.too_big = self.ag * -(-(prompt + output) // self.bs) + self.mamba > self.total
+        self.sure_done = np.zeros(R, bool)            # finished by a step's one sure token (not scheduled again)
+
+        self.running: list[int] = []
+        self.waiting: deque[int] = deque()
+        self.pending: deque[tuple[int, list[int]]] = deque()   # (step, requests it finished): read at step + 2
+        self.transit: list[int] = []                  # sent after the last schedule: seen by the next one
+        self.now = 0.0
+        self.last_start: float | None = None          # start of the step before the one about to run
+        self.next_req = 0
+        self.window = 8                               # pure-decode steps drawn at once by the fast path
+        self.peak_blocks = self.peak_running = self.preemptions = self.steps = self.violations = 0
+        self.decode_steps = self.decode_tokens = 0
+
+    # --- requests in and out ----------------------------------------------------------------------------------
+    def send(self, r: int, t: float, late: bool = False) -> None:
+        self.t_send[r] = t
+        if self.too_big[r]:
+            self.failed[r] = True
+            self.t_done[r] = t
         else:
-            (transit if late else waiting).append(r)
+            (self.transit if late else self.waiting).append(r)
 
-    in_flight = lambda: len(running) + len(waiting) + len(transit)  # noqa: E731
+    def refill(self, t: float, late: bool = False) -> None:
+        """A closed loop keeps ``concurrency`` requests in flight."""
+        while self.closed and self.next_req < self.R and self.in_flight() < self.concurrency:
+            self.send(self.next_req, t, late)
+            self.next_req += 1
 
-    def refill(t: float, late: bool = False) -> None:
-        nonlocal next_req
-        while closed and next_req < R and in_flight() < concurrency:
-            send(next_req, t, late)
-            next_req += 1
+    def in_flight(self) -> int:
+        return len(self.running) + len(self.waiting) + len(self.transit)
 
-    def finish(r: int, t: float) -> None:
-        nonlocal free
-        if r in running:
-            free += held[r] + mamba
-            running.remove(r)
+    def finish(self, r: int, t: float) -> None:
+        if r in self.running:
+            self.free += self.held[r] + self.mamba
+            self.running.remove(r)
         else:                              # preempted after its last step, before the scheduler read that step
-            waiting.remove(r)
-        held[r] = 0
-        t_done[r] = t
-        finish_count[r] += 1
+            self.waiting.remove(r)
+        self.held[r] = 0
+        self.t_done[r] = t
+        self.finish_count[r] += 1
 
-    def read_outputs(upto: float) -> None:
+    def read_outputs(self, upto: float) -> None:
         """The scheduler reads the outputs of the steps up to index ``upto``: their finished requests free their
         blocks and slots, and a closed loop sends their successors (seen by the next schedule)."""
-        while pending and pending[0][0] <= upto:
-            for r in pending.popleft()[1]:
-                finish(r, float(t_done[r]))
-                refill(float(t_done[r]), late=True)
+        while self.pending and self.pending[0][0] <= upto:
+            for r in self.pending.popleft()[1]:
+                self.finish(r, float(self.t_done[r]))
+                self.refill(float(self.t_done[r]), late=True)
 
-    def preempt(r: int) -> None:
-        nonlocal free, preemptions
-        free += held[r] + mamba
-        held[r] = 0
-        comp[r] = 0
-        prefilling[r] = True
-        pf_target[r] = prompt[r] + gen[r]
-        running.remove(r)
-        waiting.appendleft(r)
-        preemptions += 1
+    def preempt(self, r: int) -> None:
+        """Recompute preemption: the request frees its blocks and goes back to the front of the waiting queue, to
+        prefill its prompt and what it generated again."""
+        self.free += self.held[r] + self.mamba
+        self.held[r] = 0
+        self.comp[r] = 0
+        self.prefilling[r] = True
+        self.pf_target[r] = self.prompt[r] + self.gen[r]
+        self.running.remove(r)
+        self.waiting.appendleft(r)
+        self.preemptions += 1
 
-    def head_admissible(budget: int) -> bool:
-        if not waiting or len(running) >= max_seqs or budget <= 0:
+    def head_admissible(self, budget: int) -> bool:
+        """Whether the first waiting request's first chunk and its state pages fit (FCFS: it alone decides)."""
+        if not self.waiting or len(self.running) >= self.max_seqs or budget <= 0:
             return False
-        r = waiting[0]
-        chunk = min(int(pf_target[r] - comp[r]), budget)
-        return ag * -(-chunk // bs) + mamba <= free
+        r = self.waiting[0]
+        chunk = min(int(self.pf_target[r] - self.comp[r]), budget)
+        return self.ag * -(-chunk // self.bs) + self.mamba <= self.free
 
-    refill(0.0)
-    window = 8
-    while True:
-        if lag:
-            waiting.extend(transit)
-            transit.clear()
-            read_outputs(steps - 2)
-        if not closed:
-            seen = last_start if (lag and last_start is not None) else now
-            while next_req < R and send_times[next_req] <= seen:
-                send(next_req, float(send_times[next_req]))
-                next_req += 1
-        if not running and not waiting:
-            if pending or transit:         # an idle engine reads every output and request at once
-                read_outputs(np.inf)
-                continue
-            last_start = None
-            if closed or next_req >= R:
-                break
-            now = float(send_times[next_req])
-            continue
+    # --- the loop's steps -------------------------------------------------------------------------------------
+    def see_new_work(self) -> None:
+        """What the next schedule sees: under asynchronous scheduling the requests sent after the last schedule and
+        the outputs of the step before last; in an open loop the arrivals until the last step started (now when
+        scheduling is synchronous or the engine was idle)."""
+        if self.lag:
+            self.waiting.extend(self.transit)
+            self.transit.clear()
+            self.read_outputs(self.steps - 2)
+        if not self.closed:
+            seen = self.last_start if (self.lag and self.last_start is not None) else self.now
+            while self.next_req < self.R and self.send_times[self.next_req] <= seen:
+                self.send(self.next_req, float(self.send_times[self.next_req]))
+                self.next_req += 1
 
-        # ---- fast path: only decodes, nothing to admit until something finishes
-        if (running and not pending and not transit and not prefilling[running].any()
-                and not head_admissible(max_tok - len(running) * T)):
-            t_next = np.inf if (closed or waiting or next_req >= R) else float(send_times[next_req])
-            k = _fast_decode(ids=np.array(running), gen=gen, comp=comp, held=held, output=output,
-                             T=T, bs=bs, ag=ag, free=free, cum_p=cum_p, rng=rng, cost=cost,
-                             now=now, t_next=t_next, window=window)
-            if k is not None:
-                n_steps, new_now, used_delta, done_ids, emitted, start, sure = k
-                window = max(8, 2 * n_steps)
-                free -= used_delta
-                now = new_now
-                last_start = start
-                steps += n_steps
-                decode_steps += n_steps * len(running)
-                decode_tokens += emitted
-                peak_blocks = max(peak_blocks, total - free)
-                t_done[done_ids] = now
-                if lag:
-                    sure_done[done_ids] = sure
-                    pending.append((steps - 1, done_ids.tolist()))
-                else:
-                    for r in done_ids:
-                        finish(int(r), now)
-                if free < 0:
-                    violations += 1
-                if not lag:
-                    refill(now)
-                continue
+    def wait_idle(self) -> bool:
+        """Nothing running or waiting: an idle engine reads every output and request in flight at once, else the
+        clock jumps to the next arrival. False when no request is left to come."""
+        if self.pending or self.transit:
+            self.read_outputs(np.inf)
+            return True
+        self.last_start = None
+        if self.closed or self.next_req >= self.R:
+            return False
+        self.now = float(self.send_times[self.next_req])
+        return True
 
-        # ---- regular step
-        budget = max_tok
-        sched_ids, sched_tok, sched_pf = [], [], []
-        preempted_now = False
+    def step(self) -> None:
+        """One regular step: schedule the running requests, admit waiting ones unless someone was preempted, run."""
+        batch = _Batch()
+        budget, k = self._schedule_oldest(self.max_tok, batch)
+        budget, preempted = self._schedule_rest(self.running[k:], budget, batch)
+        if not preempted:
+            self._admit(budget, batch)
+        if self.free < 0:
+            self.violations += 1
+        self.peak_blocks = max(self.peak_blocks, self.total - self.free)
+        self.peak_running = max(self.peak_running, len(self.running))
+        if batch.ids:
+            self._execute(batch)
+        elif self.pending or self.transit:     # nothing to run: the engine waits for the outputs in flight
+            self.read_outputs(np.inf)
+        elif not self.running and self.waiting:
+            # nothing fits even in an empty pool: cannot happen, too_big requests fail at send
+            raise AssertionError("a waiting request cannot be admitted into an empty pool")
+
+    def result(self) -> PointResult:
+        ok = ~self.failed
+        start = np.nanmin(self.t_send) if self.R else 0.0
+        end = np.nanmax(self.t_done[ok]) if ok.any() else start
+        return PointResult(t_send=self.t_send, t_first=self.t_first, t_done=self.t_done, prompt=self.prompt,
+                           output=self.output, generated=self.gen, failed=self.failed, finish_count=self.finish_count,
+                           peak_blocks=int(self.peak_blocks), num_blocks=self.total,
+                           peak_running=int(self.peak_running), preemptions=int(self.preemptions),
+                           decode_steps=int(self.decode_steps), decode_tokens=int(self.decode_tokens),
+                           steps=int(self.steps), capacity_violations=int(self.violations),
+                           duration=float(end - start))
+
+    # --- a regular step's parts -------------------------------------------------------------------------------
+    def _schedule_oldest(self, budget: int, batch: _Batch) -> tuple[int, int]:
+        """The oldest running requests that fit without preempting anyone, in one vectorized pass (a decode takes
+        T tokens or waits, a prefill a chunk of what the budget leaves). Returns the budget left and how many."""
+        if not self.running:
+            return budget, 0
+        ids = np.array(self.running)
+        comp, held, pfm = self.comp, self.held, self.prefilling[ids]
+        want = np.where(pfm, self.pf_target[ids] - comp[ids], np.where(self.sure_done[ids], 0, self.T))
+        take = np.clip(budget - (np.cumsum(want) - want), 0, want)
+        take[~pfm & (take < self.T)] = 0
+        need = np.where(take > 0, np.maximum(self.ag * -(-(comp[ids] + take) // self.bs) - held[ids], 0), 0)
+        cneed = np.cumsum(need)
+        k = len(ids) if cneed[-1] <= self.free else int(np.argmax(cneed > self.free))
+        if k:
+            sel = take[:k] > 0
+            self.free -= int(cneed[k - 1])
+            held[ids[:k]] += need[:k]
+            budget -= int(take[:k].sum())
+            batch.ids, batch.tokens, batch.prefill = ids[:k][sel].tolist(), take[:k][sel].tolist(), pfm[:k][sel].tolist()
+        return budget, k
+
+    def _schedule_rest(self, rest: list[int], budget: int, batch: _Batch) -> tuple[int, bool]:
+        """The other running requests one by one; one short of blocks preempts the newest running request, as many
+        times as needed, possibly itself. Returns the budget left and whether anyone was preempted."""
         gone: set[int] = set()
-        order = list(running)
-        if running:
-            ids = np.array(running)
-            pfm = prefilling[ids]
-            want = np.where(pfm, pf_target[ids] - comp[ids], np.where(sure_done[ids], 0, T))
-            take = np.clip(budget - (np.cumsum(want) - want), 0, want)
-            take[~pfm & (take < T)] = 0
-            need = np.where(take > 0, np.maximum(ag * -(-(comp[ids] + take) // bs) - held[ids], 0), 0)
-            cneed = np.cumsum(need)
-            k = len(ids) if cneed[-1] <= free else int(np.argmax(cneed > free))
-            if k:                          # the oldest k requests fit without preempting anyone
-                sel = take[:k] > 0
-                free -= int(cneed[k - 1])
-                held[ids[:k]] += need[:k]
-                budget -= int(take[:k].sum())
-                sched_ids, sched_tok = ids[:k][sel].tolist(), take[:k][sel].tolist()
-                sched_pf = pfm[:k][sel].tolist()
-            order = running[k:]
-        for r in order:
-            if r in gone or sure_done[r]:  # preempted earlier in this step; finished for sure, not scheduled
+        for r in rest:
+            if r in gone or self.sure_done[r]:  # preempted earlier in this step; finished for sure, not scheduled
                 continue
-            if prefilling[r]:
+            if self.prefilling[r]:
                 if budget <= 0:
                     continue
-                tok = min(int(pf_target[r] - comp[r]), budget)
-                slots = comp[r] + tok
+                tok = min(int(self.pf_target[r] - self.comp[r]), budget)
             else:
-                tok = T
-                slots = comp[r] + T
-            need = max(ag * -(-int(slots) // bs) - held[r], 0)
-            while need > free:
-                victim = running[-1]
-                preempt(victim)
+                tok = self.T
+            need = max(self.ag * -(-int(self.comp[r] + tok) // self.bs) - self.held[r], 0)
+            while need > self.free:
+                victim = self.running[-1]
+                self.preempt(victim)
                 gone.add(victim)
-                preempted_now = True
                 if victim == r:
                     break
             if r in gone:
                 continue
-            free -= need
-            held[r] += need
+            self.free -= need
+            self.held[r] += need
             budget -= tok
-            sched_ids.append(r)
-            sched_tok.append(tok)
-            sched_pf.append(bool(prefilling[r]))
-        if not preempted_now:
-            while head_admissible(budget):
-                r = waiting.popleft()
-                tok = min(int(pf_target[r] - comp[r]), budget)
-                need = ag * -(-tok // bs) + mamba
-                free -= need
-                held[r] = need - mamba
-                running.append(r)
-                budget -= tok
-                sched_ids.append(r)
-                sched_tok.append(tok)
-                sched_pf.append(True)
-        if free < 0:
-            violations += 1
-        peak_blocks = max(peak_blocks, total - free)
-        peak_running = max(peak_running, len(running))
-        if not sched_ids:
-            if pending or transit:         # nothing to run: the engine waits for the outputs in flight
-                read_outputs(np.inf)
-                continue
-            if not running and waiting:
-                # nothing fits even in an empty pool: cannot happen, too_big requests fail at send
-                raise AssertionError("a waiting request cannot be admitted into an empty pool")
-            continue
+            batch.add(r, tok, bool(self.prefilling[r]))
+        return budget, bool(gone)
 
-        ids = np.array(sched_ids)
-        tok = np.array(sched_tok)
-        is_pf = np.array(sched_pf)
-        dec = ids[~is_pf]
-        pf, pf_tok = ids[is_pf], tok[is_pf]
-        prefix = comp[pf]
-        dt = cost.scalar(len(dec), int(comp[dec].sum()), int(pf_tok.sum()),
-                         float((pf_tok * (prefix + pf_tok / 2)).sum()), len(pf), int(prefix.sum()))
-        last_start = now
-        now += dt
-        steps += 1
+    def _admit(self, budget: int, batch: _Batch) -> None:
+        """Waiting requests in arrival order while the budget, max_num_seqs and the pool allow: a request's first
+        chunk of KV blocks and all its GDN state pages."""
+        while self.head_admissible(budget):
+            r = self.waiting.popleft()
+            tok = min(int(self.pf_target[r] - self.comp[r]), budget)
+            need = self.ag * -(-tok // self.bs) + self.mamba
+            self.free -= need
+            self.held[r] = need - self.mamba
+            self.running.append(r)
+            budget -= tok
+            batch.add(r, tok, True)
 
-        done: list[int] = []
-        if len(pf):
-            comp[pf] += pf_tok
-            complete = pf[comp[pf] >= pf_target[pf]]
-            if len(complete):
-                prefilling[complete] = False
-                gen[complete] += 1
-                first = complete[np.isnan(t_first[complete])]
-                t_first[first] = now
-                ended = complete[gen[complete] >= output[complete]]
-                sure_done[ended] = True
-                done.extend(ended.tolist())
-        if len(dec):
-            dec = dec[gen[dec] < output[dec]]          # a wasted verify (finished a step ago) emits nothing
-            u = rng.random(len(dec))
-            emit = 1 + (u[:, None] < cum_p[None, :]).sum(1)
-            left = output[dec] - gen[dec]
-            emit = np.minimum(emit, left)
-            gen[dec] += emit
-            comp[dec] += emit
-            decode_steps += len(dec)
-            decode_tokens += int(emit.sum())
-            ended = gen[dec] >= output[dec]
-            sure_done[dec[ended & (left <= 1)]] = True
-            done.extend(dec[ended].tolist())
-        t_done[done] = now
-        if lag:
+    def _execute(self, batch: _Batch) -> None:
+        """Run the batch: its cost advances the clock, then prefills and verifies emit their tokens. What finished
+        is read now, or two steps later under asynchronous scheduling."""
+        ids, tok, is_pf = np.array(batch.ids), np.array(batch.tokens), np.array(batch.prefill)
+        dec, pf, pf_tok = ids[~is_pf], ids[is_pf], tok[is_pf]
+        prefix = self.comp[pf]
+        dt = self.cost.scalar(len(dec), int(self.comp[dec].sum()), int(pf_tok.sum()),
+                              float((pf_tok * (prefix + pf_tok / 2)).sum()), len(pf), int(prefix.sum()))
+        self.last_start = self.now
+        self.now += dt
+        self.steps += 1
+        done = self._prefill(pf, pf_tok) + self._verify(dec)
+        self.t_done[done] = self.now
+        if self.lag:
             if done:
-                pending.append((steps - 1, done))
+                self.pending.append((self.steps - 1, done))
         else:
             for r in done:
-                finish(r, now)
-            refill(now)
+                self.finish(r, self.now)
+            self.refill(self.now)
 
-    ok = ~failed
-    start = np.nanmin(t_send) if R else 0.0
-    end = np.nanmax(t_done[ok]) if ok.any() else start
-    return PointResult(t_send=t_send, t_first=t_first, t_done=t_done, prompt=prompt, output=output, generated=gen,
-                       failed=failed, finish_count=finish_count, peak_blocks=int(peak_blocks), num_blocks=total,
-                       peak_running=int(peak_running), preemptions=int(preemptions), decode_steps=int(decode_steps),
-                       decode_tokens=int(decode_tokens), steps=int(steps), capacity_violations=int(violations),
-                       duration=float(end - start))
+    def _prefill(self, pf: np.ndarray, pf_tok: np.ndarray) -> list[int]:
+        """Prefill chunks advance; a prompt that completes samples its first token (TTFT). Returns the requests that
+        token finished."""
+        if not len(pf):
+            return []
+        self.comp[pf] += pf_tok
+        complete = pf[self.comp[pf] >= self.pf_target[pf]]
+        if not len(complete):
+            return []
+        self.prefilling[complete] = False
+        self.gen[complete] += 1
+        first = complete[np.isnan(self.t_first[complete])]
+        self.t_first[first] = self.now
+        ended = complete[self.gen[complete] >= self.output[complete]]
+        self.sure_done[ended] = True
+        return ended.tolist()
 
-
-def _fast_decode(*, ids, gen, comp, held, output, T, bs, ag, free, cum_p, rng, cost, now, t_next, window: int):
-    """Advance pure-decode steps up to (and including) the first finish, stopping before a block
-    shortage or an arrival. Returns (steps, now, blocks allocated, finished ids, tokens emitted, start of the
-    last step, whether each finished id was finished by that step's sure token), or None when not even one step
-    can be taken this way (the regular path handles it)."""
-    remaining = output[ids] - gen[ids]
-    M = int(min(remaining.min(), window))
-    n = len(ids)
-    u = rng.random((M, n))
-    emit = 1 + (u[:, :, None] < cum_p).sum(-1)                      # [M, n]
-    cum = np.cumsum(emit, axis=0)
-    before = cum - emit                                             # emitted before step s
-    comp_s = comp[ids][None, :] + before                            # [M, n] cached tokens at step s
-    held_s = np.maximum(held[ids][None, :], ag * -(-(comp_s + T) // bs))
-    alloc = (held_s - held[ids][None, :]).sum(1)                    # [M] blocks allocated by step s
-    fits = alloc <= free
-    k_fit = M if fits.all() else int(np.argmin(fits))               # steps before the shortage
-    fin = (cum >= remaining[None, :]).any(1)
-    k_fin = int(np.argmax(fin)) + 1 if fin.any() else M
-    dts = cost(n, comp_s.sum(1))
-    ends = now + np.cumsum(dts)
-    starts = ends - dts
-    k_arr = int(np.searchsorted(starts, t_next, side="left"))       # steps starting before the arrival
-    K = min(k_fit, k_fin, k_arr, M)
-    if K <= 0:
-        return None
-    step_emit = np.minimum(cum[K - 1], remaining)
-    gen[ids] += step_emit
-    comp[ids] += step_emit
-    used = int(alloc[K - 1])
-    held[ids] = held_s[K - 1]
-    ended = gen[ids] >= output[ids]
-    before_last = cum[K - 2] if K >= 2 else np.zeros(n, cum.dtype)
-    sure = (remaining - before_last)[ended] <= 1                     # the last step's sure token finished them
-    return K, float(ends[K - 1]), used, ids[ended], int(step_emit.sum()), float(starts[K - 1]), sure
+    def _verify(self, dec: np.ndarray) -> list[int]:
+        """Each verify emits 1 + a tokens, a the accepted depth (P(a >= i) = cum_p[i - 1]), up to the request's
+        length. Returns the requests that finished."""
+        if not len(dec):
+            return []
+        gen, output = self.gen, self.output
+        dec = dec[gen[dec] < output[dec]]          # a wasted verify (finished a step ago) emits nothing
+        u = self.rng.random(len(dec))
+        emit = 1 + (u[:, None] < self.cum_p[None, :]).sum(1)
+        left = output[dec] - gen[dec]
+        emit = np.minimum(emit, left)
+        gen[dec] += emit
+        self.comp[dec] += emit
+        self.decode_steps += len(dec)
+        self.decode_tokens += int(emit.sum())
+        ended = gen[dec] >= output[dec]
+        self.sure_done[dec[ended & (left <= 1)]] = True
+        return dec[ended].tolist()
