@@ -34,6 +34,7 @@ KINDS = {
     "acceptance_sweeps": True,      # the tiny checkpoint's acceptance sweeps (treewy sweep) on held-out windows
     "real_prompt_sweeps": True,     # the same on real prompt sets
     "temperature_sweeps": True,     # benchmarks/temperature_sweep.py
+    "server_fits": False,           # fixed step costs fitted to a measured serving sweep (treewy.sim.calibrated)
 }
 
 

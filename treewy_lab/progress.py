@@ -12,8 +12,8 @@ TICK_S = 0.5
 
 @contextmanager
 def working(what: str):
-    """Show "<what>… 3.5 s" under the cell while the block runs (a widget, updated from a thread, so it moves while
-    the block holds the kernel), then "<what>: done in 12.9 s" (or "failed after ...")."""
+    """Show "<what>… <seconds> s" under the cell while the block runs (a widget, updated from a thread, so it moves
+    while the block holds the kernel), then "<what>: done in <seconds> s" (or "failed after ...")."""
     import ipywidgets as w
     from IPython.display import display
 

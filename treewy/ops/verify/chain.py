@@ -43,8 +43,8 @@ def _configs():
     if INTERPRET:
         return [triton.Config({"BV": 8, "FOLD_ROWS": FOLD_ROWS}, num_warps=1)]
     # BV = 16 spills with Triton 3.6 (benchmarks/compile_offline.py --all). FOLD_ROWS = 1 compiles to 64
-    # registers against 95 at 4 (sm_90, k = 3 with a 4-node pending window): more one-warp programs per SM,
-    # the leading suspect of the regression against v3 (benchmarks/NOTES.md); the autotuner measures both.
+    # registers against 95 at 4 (sm_90, k = 3 with a 4-node pending window): more one-warp programs per SM
+    # against fewer fold passes, which only timing settles; the autotuner measures both.
     return [triton.Config({"BV": 8, "FOLD_ROWS": rows}, num_warps=1, num_stages=s)
             for rows in (FOLD_ROWS, 1) for s in (3, 1)]
 
@@ -52,8 +52,8 @@ def _configs():
 def fixed_config():
     """The config to pin where autotuning cannot run (a serving engine's state pool is too large to benchmark
     configs on): what the autotuner picked at B = 64 and 256 on the H200 (BV = 8 on one warp, fla's
-    fused_recurrent layout, one path row per fold pass, one stage: "autotune chain" in
-    benchmarks/results/targets_h200_2026-11-30_run5.log). Under the interpreter its one config."""
+    fused_recurrent layout, one path row per fold pass, one stage: the "autotune picks" of the kernel targets
+    table, kind "kernel_targets" of treewy/data/index.json). Under the interpreter its one config."""
     if INTERPRET:
         return _configs()[0]
     return triton.Config({"BV": 8, "FOLD_ROWS": 1}, num_warps=1, num_stages=1)

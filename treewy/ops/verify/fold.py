@@ -27,9 +27,9 @@ FOLD_PAD = tl.constexpr(4)
 
 #: Pending windows of at least this many slots (BPT) fold through ``_fold_rows`` / ``_fold_chunk`` in the path
 #: kernels; narrower ones row by row (``_fold_tile``), where selecting a row costs less than holding the
-#: hoisted rows. H200, 2026-11-30 (benchmarks/results/profile_configs_fold_h200_2026-11-30.txt): a (3,3,3)
-#: window (64 slots) gained 16 % in the split launch at B = 256 (1802 -> 1508 us); a (2,2,2) one (16 slots)
-#: lost 8 % (682 -> 735 us).
+#: hoisted rows: on the H200 the hoist sped up the split launch for a (3,3,3) window (64 slots) and slowed it
+#: for a (2,2,2) one (16 slots) at B = 256 (benchmarks/profile_kernels.py times both ways; the "333 B256" and
+#: "222 B256" rows of the kernel targets table, treewy/data/index.json, time what ships).
 HOIST_FOLD_SLOTS = tl.constexpr(32)
 
 

@@ -19,7 +19,7 @@ PRECISION_ENV = "TREEWY_DOT_PRECISION"
 #: "tf32": tensor cores, products that feed the committed state (S k, (I + M)^-1 R, K K^T) split into
 #: hi + lo tf32 parts (fp32-level error), output-only products (S q, P U, Q K^T) in one tf32 pass.
 #: "ieee": exact fp32 products everywhere (no tf32). "tf32_plain": one tf32 pass everywhere, for the record
-#: (the committed state drifts; benchmarks/NOTES.md).
+#: (the committed state drifts: the "drift" section of the kernel targets table, treewy/data/index.json).
 DOT_PRECISIONS = ("tf32", "ieee", "tf32_plain")
 
 #: Autotune key: shapes, flags and the batch bucket (not B itself: one tuning per bucket, not per batch size).
