@@ -189,3 +189,23 @@ def test_tp_degrees_that_split_every_preset_are_accepted():
     assert ModelSpec.from_name(M397).tp_degrees() == (1, 2, 4, 8, 16)   # 2 KV heads replicated past tp = 2
     assert ModelSpec.from_name("tiny").tp_degrees() == (1, 2)
     assert paging(M397, "h200", tp=16, gmu=0.9).num_blocks > 0
+
+
+def test_every_name_the_repo_imports_from_treewy_memory_is_still_there():
+    """treewy.memory is a package (specs, server, paging, capacity); every ``from treewy.memory import ...`` in the
+    package, the lab, the notebooks, the benchmarks, the tests and the README still finds its names."""
+    import re
+    from pathlib import Path
+
+    import treewy.memory as memory
+
+    root = Path(__file__).resolve().parents[1]
+    files = [root / "README.md", *root.glob("notebooks/*.ipynb")]
+    files += [p for d in ("treewy", "treewy_lab", "benchmarks", "tests") for p in (root / d).rglob("*.py")]
+    names = set()
+    for f in files:
+        for group in re.findall(r"from treewy\.memory import \(?([\w ,\\n]+)", f.read_text()):
+            names |= {n for n in re.split(r"[\s,]+|\\n", group) if n}
+    assert {"ModelSpec", "max_requests", "paging", "ServerConfig"} <= names   # the scan saw the users
+    assert not [n for n in names if not hasattr(memory, n)]
+    assert set(memory.__all__) <= set(vars(memory))
