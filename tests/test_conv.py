@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from treewy.ops import naive_tree_conv1d, naive_tree_conv1d_commit, tree_conv1d, tree_conv1d_commit
 from treewy.testing import assert_close_fp32 as close
-from treewy.testing import random_tree
+from treewy.testing import random_parents, random_tree
 from treewy.tree import DraftTree
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -65,7 +65,7 @@ def test_tree_conv1d_and_commit_match_reference(name, B, C, W, has_bias, act, tr
 def test_tree_conv1d_per_request_topologies():
     B, T, C, W = 3, 9, 24, 4
     gen = torch.Generator().manual_seed(29)
-    parents = torch.tensor([random_tree(T, gen).parents.tolist() for _ in range(B)], dtype=torch.int32)
+    parents = random_parents(B, T, gen)
     x, w, cs = torch.randn(B, T, C), torch.randn(C, W), torch.randn(B, C, W - 1)
     y = tree_conv1d(x.to(DEVICE), w.to(DEVICE), cs.to(DEVICE), parents)
     close("y", y, naive_tree_conv1d(x.double(), w.double(), cs.double(), parents), naive_tree_conv1d(x, w, cs, parents))

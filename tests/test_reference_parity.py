@@ -1,4 +1,7 @@
-"""Claims about the fp64/fp32 references: the TreeWY closed form is the store-all recurrence."""
+"""Claims about the fp64/fp32 references: the TreeWY closed form (verify, then commit) is the store-all recurrence.
+
+The claim ties two op families together, so it is written once here rather than split between their modules; what
+one reference alone must do sits with its op (tests/test_verify.py: per-request topologies, the Neumann solve)."""
 
 import pytest
 import torch
@@ -73,17 +76,6 @@ def test_chain_is_recurrent():
                 assert rel_err(o_cf[b, t, h], S @ (scale * qt)) < 1e-12
 
 
-def test_per_request_topologies_match_single_tree_runs():
-    trees = [DraftTree.from_widths((2, 2)), DraftTree.chain(6)]
-    parents = torch.stack([t.parents for t in trees])
-    x = random_gdn_inputs(parents, B=2, H=1, HV=2, K=8, V=8, seed=5)
-    o, u = naive_tree_verify(*x.args())
-    for b, tree in enumerate(trees):
-        sl = lambda t: t[b: b + 1]  # noqa: E731
-        ob, ub = naive_tree_verify(sl(x.q), sl(x.k), sl(x.v), sl(x.g), sl(x.beta), sl(x.initial_state), tree)
-        assert rel_err(o[b], ob[0]) < 1e-14 and rel_err(u[b], ub[0]) < 1e-14
-
-
 @pytest.mark.parametrize("case", [
     dict(g_min=-20.0),
     dict(beta_range=(0.0, 1e-6)),
@@ -97,20 +89,3 @@ def test_hard_regimes_stay_finite_and_match(case, dtype):
     row = parity_row("hard", tree, 2, 4, K, 16, dtype=dtype, seed=7, **case)
     assert all(torch.isfinite(torch.tensor(row[k])) for k in ("o_err", "state_err"))
     assert row["o_err"] <= TOLERANCE[dtype] and row["state_err"] <= TOLERANCE[dtype], row
-
-
-@pytest.mark.parametrize("widths", [(3, 3, 3), (1,) * 9, (2, 1, 3, 1)], ids=str)
-def test_neumann_series_solves_in_depth_products(widths):
-    """(I + M) is unit lower triangular and M is nilpotent of index depth + 1: Horner's form is exact."""
-    from treewy.ops import solve_forward, solve_neumann, tree_system
-
-    tree = DraftTree.from_widths(widths)
-    # mild decay, strong writes and short keys keep the highest power of M visible
-    x = random_gdn_inputs(tree, B=2, H=2, HV=4, K=4, V=8, seed=11, g_min=-0.01, beta_range=(0.9, 1.0))
-    ke = x.k.repeat_interleave(2, dim=2)
-    M, R, _ = tree_system(ke, x.v, x.g, x.beta, x.initial_state, x.parents.long().expand(2, -1))
-    U = solve_forward(M, R)
-    assert rel_err(solve_neumann(M, R, tree.max_depth), U) < 1e-13
-    assert rel_err(solve_neumann(M, R, tree.max_depth - 1), U) > 1e-6  # one product short is wrong
-    eye = torch.eye(tree.num_nodes, dtype=M.dtype)
-    assert rel_err((eye + M) @ U, R) < 1e-13

@@ -1,11 +1,14 @@
-"""Random GDN inputs and error metrics shared by the tests, `treewy check` and the notebooks."""
+"""Random GDN inputs and error metrics shared by the tests, `treewy check` and the notebooks; the kernel tests'
+windows, folded-step cases and references in fp64 and fp32."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
+from treewy.ops.verify import PendingCommit, naive_tree_step, naive_tree_verify, unpack
 from treewy.tree import DraftTree, validate_parents
 
 
@@ -35,6 +38,16 @@ def random_tree(T: int, generator: torch.Generator | None = None) -> DraftTree:
     return DraftTree(parents)
 
 
+def random_parents(B: int, T: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """int32 [B, T]: a random_tree of T nodes per request, drawn request by request."""
+    return torch.stack([random_tree(T, generator).parents for _ in range(B)]).to(torch.int32)
+
+
+def bfs_tree() -> list[int]:
+    """(2, 2) numbered in level order (root, its two children, then theirs): topological but not DFS pre-order."""
+    return [-1, 0, 0, 1, 1, 2, 2]
+
+
 def random_gdn_inputs(parents, B: int = 2, H: int = 2, HV: int = 4, K: int = 16, V: int = 16, *,
                       dtype=torch.float64, device="cpu", seed: int = 0, g_min: float = -2.0,
                       beta_range: tuple[float, float] = (0.0, 1.0), normalize_keys: bool = True) -> GDNInputs:
@@ -54,6 +67,82 @@ def random_gdn_inputs(parents, B: int = 2, H: int = 2, HV: int = 4, K: int = 16,
         initial_state=rnd(B, HV, V, K), parents=par.to(torch.int32),
     )
     return x.to(dtype=dtype, device=device)
+
+
+def _device(device):
+    return device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def window(B: int, T: int, H: int, HV: int, K: int, V: int, gen: torch.Generator, hard: bool = False,
+           dtype=torch.float32, device=None) -> list[torch.Tensor]:
+    """A kernel's window [q, k (unit keys), v, g, beta] on ``device`` (default: CUDA where present). Mild: g in
+    (-inf, 0) / 4 from a log-sigmoid, beta uniform in (0, 1); hard: half the nodes decay by g = -20, the others
+    barely (g = -1e-4), and beta is 0.999 (writes that overwrite)."""
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, HV, V, generator=gen)
+    if hard:
+        g = torch.where(torch.rand(B, T, HV, generator=gen) < 0.5, -20.0, -1e-4)
+        beta = torch.full((B, T, HV), 0.999)
+    else:
+        g = F.logsigmoid(torch.randn(B, T, HV, generator=gen)) / 4
+        beta = torch.rand(B, T, HV, generator=gen)
+    return [x.to(_device(device), dtype) for x in (q, k, v, g, beta)]
+
+
+def make_inputs(B: int, T: int, H: int, HV: int, K: int, V: int, seed: int = 0, state_dtype=torch.float32,
+                dtype=torch.float32, device=None) -> list[torch.Tensor]:
+    """A mild ``window`` from a generator seeded with ``seed``, then its initial state (standard normal x 0.3,
+    in ``state_dtype``): the six tensors a verify op takes before the parents."""
+    gen = torch.Generator().manual_seed(seed)
+    w = window(B, T, H, HV, K, V, gen, dtype=dtype, device=device)
+    return w + [(torch.randn(B, HV, V, K, generator=gen) * 0.3).to(_device(device), state_dtype)]
+
+
+def normalized(x: torch.Tensor) -> torch.Tensor:
+    """Keys or queries as the kernels normalize them in-kernel (use_qk_l2norm_in_kernel), in x's dtype."""
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def as64(ins) -> list[torch.Tensor]:
+    """Each tensor in fp64."""
+    return [x.double() for x in ins]
+
+
+def refs(fn, ins, *rest):
+    """fn (a reference) on a kernel's inputs in fp64 and in fp32: the error bound comes from the fp32 run."""
+    return fn(*as64(ins), *rest), fn(*[x.float() for x in ins], *rest)
+
+
+def pending_as(pending: PendingCommit, dtype) -> PendingCommit:
+    """The same pending commit in a reference's dtype, its topology and accepted nodes on the host."""
+    u, k, g, parents, accepted, l2norm = unpack(pending)
+    parents = parents.cpu() if isinstance(parents, torch.Tensor) else parents
+    return PendingCommit(u.to(dtype), k.to(dtype), g.to(dtype), parents, accepted.cpu(),
+                         use_qk_l2norm_in_kernel=l2norm)
+
+
+def step_refs(w, S: torch.Tensor, parents, pending: PendingCommit):
+    """The folded step's reference (o, u, state) in fp64 and in fp32 on a kernel's inputs: window w, state S and
+    the kernel's pending commit."""
+    return tuple(naive_tree_step(*[x.to(dt) for x in w], S.to(dt), parents, pending=pending_as(pending, dt))
+                 for dt in (torch.float64, torch.float32))
+
+
+def case_step(B: int, H: int, HV: int, K: int, V: int, prev, new, gen: torch.Generator, hard: bool = False,
+              state_dtype=torch.float32, device=None):
+    """A folded step's case: a previous window (parents ``prev``, host) verified from S by the fp64 reference, a
+    pending commit of it (random accepted nodes, the last request idle), the new window (parents ``new``) and the
+    step's reference. Returns (S, pending, new window, (o, u, state) in fp64, the same in fp32)."""
+    device = _device(device)
+    S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).to(device, state_dtype)
+    PT, T = prev.shape[-1], new.shape[-1]
+    w0, w1 = window(B, PT, H, HV, K, V, gen, hard, device=device), window(B, T, H, HV, K, V, gen, hard, device=device)
+    _, u0 = naive_tree_verify(*as64(w0), S.double(), prev)
+    acc = torch.randint(0, PT, (B,), generator=gen, dtype=torch.int32)
+    acc[-1] = -1
+    pend = PendingCommit(u0.float(), w0[1], w0[3], prev.to(device), acc.to(device))
+    return S, pend, w1, *step_refs(w1, S, new, pend)
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:

@@ -1,12 +1,15 @@
-"""Every bad input to the references raises a ValueError that names the argument and the fix."""
+"""The door every op shares (``treewy/ops/checks.py``): every bad input to the references and the kernels raises a
+ValueError that names the argument and the fix. What one op alone refuses sits with that op's tests
+(tests/test_verify.py, test_commit.py, test_store_all.py, test_conv.py)."""
 
 import pytest
 import torch
 
-from treewy.ops import naive_tree_commit, naive_tree_recurrent, naive_tree_verify
-from treewy.testing import random_gdn_inputs
+from treewy.ops import naive_tree_recurrent, naive_tree_verify
+from treewy.testing import make_inputs, random_gdn_inputs
 from treewy.tree import DraftTree
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TREE = DraftTree.from_widths((2, 1))
 
 
@@ -80,15 +83,6 @@ def test_mixed_devices_raise():
         call(naive_tree_verify, k=x.k.to("meta"))
 
 
-def test_commit_rejects_bad_accepted_nodes():
-    x = inputs()
-    _, u = naive_tree_verify(*x.args())
-    with pytest.raises(ValueError, match=r"node index in 0\.\.4"):
-        naive_tree_commit(x.initial_state, u, x.k, x.g, TREE, torch.tensor([0, 5]))
-    with pytest.raises(ValueError, match=r"accepted has shape \(3,\)"):
-        naive_tree_commit(x.initial_state, u, x.k, x.g, TREE, torch.tensor([0, 1, 2]))
-
-
 # ---- numeric edge cases, references and kernels alike ----
 
 def _kernel_ops():
@@ -128,37 +122,96 @@ def test_an_empty_batch_gives_empty_outputs():
         assert o.shape == (0, 3, 2, 4)
 
 
-def test_store_all_commit_refuses_an_integer_state():
+# ---- the kernels' door: shapes, dtypes, devices, strides, sizes, one test per kind of mistake ----
+
+def _kernels():
     pytest.importorskip("triton")
-    from treewy.ops import store_all_commit
-    states = torch.randn(1, 3, 1, 8, 8)
-    with pytest.raises(ValueError, match="state has dtype torch.int32"):
-        store_all_commit(torch.zeros(1, 1, 8, 8, dtype=torch.int32), states, torch.tensor([1]))
+    from treewy.ops import tree_commit, tree_verify
+    return tree_verify, tree_commit
 
 
-def test_commit_messages_name_the_state_and_the_pending_prefix():
-    pytest.importorskip("triton")
-    from treewy.ops import PendingCommit, tree_commit, tree_verify
-    x = inputs()
-    f = [t.float() for t in (x.q, x.k, x.v, x.g, x.beta, x.initial_state)]
-    _, u = naive_tree_verify(*f, x.parents)
-    with pytest.raises(ValueError, match="u is on cpu but state is on meta"):
-        tree_commit(torch.zeros(2, 4, 6, 8, device="meta"), u, f[1], f[3], x.parents, [1, 1])
-    pend = PendingCommit(u, f[1], f[3], TREE.parents, torch.tensor([5, 0]))
-    with pytest.raises(ValueError, match=r"pending.accepted holds \[5, 0\]"):
-        tree_verify(*f, x.parents, pending=pend)
+def _small():
+    return make_inputs(1, 3, 1, 2, 16, 16), DraftTree.chain(2)
 
 
-def test_a_pending_commit_of_another_batch_size_is_refused():
-    from treewy.ops import PendingCommit, naive_tree_step
-    x = inputs()
-    _, u = naive_tree_verify(*x.args())
-    pend = PendingCommit(u[:1], x.k[:1], x.g[:1], TREE.parents, torch.tensor([1]))
-    with pytest.raises(ValueError, match=r"pending.accepted has shape \(1,\), expected \[B\] = \[2\]"):
-        naive_tree_step(*x.args(), pending=pend)
-    pytest.importorskip("triton")
-    from treewy.ops import tree_verify
-    f = [t.float() for t in (x.q, x.k, x.v, x.g, x.beta, x.initial_state)]
-    with pytest.raises(ValueError, match="pending.u holds a window of 1 requests but the state 2"):
-        tree_verify(*f, x.parents, pending=PendingCommit(u[:1].float(), f[1][:1], f[3][:1], TREE.parents,
-                                                          torch.tensor([1])))
+def test_rejects_bad_shapes():
+    tree_verify, _ = _kernels()
+    ins, tree = _small()
+    ins[2] = ins[2][..., :8].contiguous().unsqueeze(-1)
+    with pytest.raises(ValueError, match="v"):
+        tree_verify(*ins, tree)
+    ins, tree = _small()
+    with pytest.raises(ValueError, match="initial_state"):
+        tree_verify(*ins[:5], ins[5].transpose(-1, -2).contiguous()[:, :, :8], tree)
+
+
+def test_rejects_bad_dtypes():
+    tree_verify, tree_commit = _kernels()
+    ins, tree = _small()
+    with pytest.raises(ValueError, match="q has dtype torch.float64"):
+        tree_verify(ins[0].double(), *ins[1:], tree)
+    with pytest.raises(ValueError, match="u has dtype"):
+        tree_commit(ins[5].clone(), ins[2].half(), ins[1], ins[3], tree, 0)
+
+
+def test_rejects_cpu_tensors_without_interpreter(monkeypatch):
+    tree_verify, _ = _kernels()
+    import treewy.ops._triton as backend
+
+    ins, tree = _small()
+    monkeypatch.setattr(backend, "INTERPRET", False)
+    ins = [x.cpu() for x in ins]
+    with pytest.raises((ValueError, RuntimeError), match="CPU tensor"):
+        tree_verify(*ins, tree)
+
+
+def test_reads_non_contiguous_inputs_and_rejects_a_non_contiguous_state():
+    """Inputs an op only reads may have any strides (copied where needed); the state it writes in place may
+    not: a copy would lose the write."""
+    tree_verify, _ = _kernels()
+    ins, tree = _small()
+    k = torch.stack([ins[1], torch.zeros_like(ins[1])], dim=-1)[..., 0]  # the same values at stride 2
+    assert not k.is_contiguous() and torch.equal(k, ins[1])
+    for a, b in zip(tree_verify(ins[0], k, *ins[2:], tree), tree_verify(*ins, tree)):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="not contiguous in its last 3 dims"):
+        tree_verify(*ins[:5], ins[5].transpose(-1, -2), tree)
+
+
+def test_rejects_trees_over_the_kernel_limit():
+    tree_verify, _ = _kernels()
+    T = 129
+    ins = make_inputs(1, T, 1, 1, 16, 16)
+    with pytest.raises(ValueError, match="limit of 128"):
+        tree_verify(*ins, list(range(-1, T - 1)))
+
+
+def test_rejects_nan_gates_and_bad_topologies():
+    tree_verify, tree_commit = _kernels()
+    ins, tree = _small()
+    ins[3][0, 1, 0] = float("nan")
+    with pytest.raises(ValueError, match="g holds 1 NaN"):
+        tree_verify(*ins, tree)
+    ins, _ = _small()
+    with pytest.raises(ValueError, match="node 2 has parent 2"):
+        tree_verify(*ins, [-1, 0, 2])
+    with pytest.raises(ValueError, match="accepted"):
+        tree_commit(ins[5].clone(), torch.zeros(1, 3, 2, 16, device=DEVICE), ins[1], ins[3], tree, 3)
+    with pytest.raises(ValueError, match="num_nodes"):
+        tree_verify(*ins, tree, num_nodes=torch.tensor([4]))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is only switched on without CUDA")
+def test_triton_imported_before_treewy_is_a_clear_error():
+    """Without CUDA, triton imported before treewy would leave the interpreter off: say so, don't crash in a kernel."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", "import triton; import treewy.ops.verify.kernel"], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "import treewy before triton" in r.stderr
+    ok = subprocess.run([sys.executable, "-c", "import treewy, triton, treewy.ops"], env=env, capture_output=True,
+                        text=True)
+    assert ok.returncode == 0, ok.stderr
