@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import time_families, write_measured
+from treewy.results import publish
 from treewy.tree import DraftTree
 
 TREES = {"(2,2,2)": DraftTree.from_widths((2, 2, 2)), "(3,3,3)": DraftTree.from_widths((3, 3, 3))}
@@ -31,8 +32,9 @@ def main():
     cases = [(name, tree, B, FAMILIES) for name, tree in TREES.items() for B in BATCHES]
     rows = [dict(tree=name, B=B, **{f"{f}_us": t for f, t in us.items()}, fastest=min(us, key=us.get))
             for name, B, us in time_families(cases)]
-    write_measured(args.out, "batch_crossover", rows, note="one GDN layer per step, bf16 q/k/v, fp32 state, "
-                   "previous commit folded in, CUDA-graph medians")
+    path = write_measured(args.out, "batch_crossover", rows, note="one GDN layer per step, bf16 q/k/v, fp32 state, "
+                          "previous commit folded in, CUDA-graph medians")
+    print(f"published {publish('batch_crossover', path)}")   # select.DENSE_MIN_BATCH is checked against it
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from treewy.ops import PendingCommit, naive_tree_verify, tree_verify
 from treewy.ops.verify import LAUNCHES, select_kernel
 from treewy.ops.verify import kernel as verify
 from treewy.ops.verify.tuning import PRECISION_ENV
+from treewy.results import publish
 from treewy.testing import rel_err
 from treewy.tree import DraftTree
 
@@ -447,6 +448,8 @@ def main(argv=None):
     exactness(b, write)
     print(write(b))
     log(f"done; wrote {args.out}/targets_{tag}_{date}.txt and .json")
+    if not args.smoke:   # the table the package reads from now on (treewy/data/index.json, "kernel_targets")
+        log(f"published {publish('kernel_targets', args.out / f'targets_{tag}_{date}.json')}")
 
 
 if __name__ == "__main__":

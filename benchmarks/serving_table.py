@@ -16,6 +16,7 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
+    from treewy.results import publish
     from treewy.schema import SERVING_SCHEMA, serving_frame
     from treewy.serve.sweep import load_checkpoint
 
@@ -36,7 +37,7 @@ def main(argv=None) -> int:
     frame.write_parquet(args.out)
     print(frame.select("workload", "mode", "concurrency", "completed", "output_throughput", "p99_ttft_ms",
                        "mean_tpot_ms", "peak_running", "peak_kv_usage", "error"))
-    print(f"wrote {frame.height} rows to {args.out}")
+    print(f"wrote {frame.height} rows to {args.out}; published {publish('serving', args.out)}")
     return 0
 
 

@@ -24,6 +24,7 @@ import torch
 import treewy.accept as accept
 from treewy.experiments.sampling_check import second_token_check, toy_check
 from treewy.experiments.sampling_sweep import SHAPES, TEMPERATURES, cpu_name, temperature_sweep
+from treewy.results import publish
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,6 +82,7 @@ def main(argv=None) -> int:
     df = temperature_sweep(model, prompts, shapes=SHAPES, temperatures=TEMPERATURES,
                            max_new_tokens=args.max_new_tokens)
     df.write_parquet(f"{stem}.parquet")
+    print(f"published {publish('temperature_sweeps', f'{stem}.parquet')}")
     table = (df.with_columns(pl.format("{} ± {}", pl.col("acceptance").round(2),
                                        ((pl.col("acceptance_hi") - pl.col("acceptance_lo")) / 2).round(2)).alias("a"))
              .pivot(on="temperature", index=["drafter", "shape", "rule"], values="a").sort("drafter", "shape", "rule"))
