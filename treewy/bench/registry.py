@@ -211,9 +211,15 @@ def run(op_name: str, shape: Shape | str, provider: str, smoke: bool = False, **
         note = f"{provider} not run under smoke"
     if note:
         return {**row, "note": note}
+    snapshots = B * tree.num_nodes * dims["HV"] * dims["V"] * dims["K"] * _state_bytes(shape.state_dtype)
+    if not smoke and provider == "store_all" and snapshots * 1.1 > torch.cuda.mem_get_info()[0]:
+        return {**row, "note": "snapshots do not fit on the device for one layer"}
     device = "cpu" if smoke else "cuda"
     x = op.inputs(tree, B, dims, shape.state_dtype, device, torch.float32 if smoke else torch.bfloat16)
     us = measure(op.step(provider, x, tree, **kw), smoke)
+    del x
+    if not smoke:
+        torch.cuda.empty_cache()   # the next row's inputs and snapshots need the room
     return {**row, "us": us, "gbps": nbytes / (us * 1e-6) / 1e9, "roofline_fraction": row["roofline_us"] / us}
 
 
