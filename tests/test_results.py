@@ -105,7 +105,7 @@ def test_select_thresholds_follow_the_current_batch_crossover_table():
         assert dense_min_batch(T) == from_b, (tree, mine)
 
 
-def test_the_kernel_select_picks_is_the_fastest_in_the_current_targets_table():
+def test_the_family_select_picks_is_the_fastest_in_the_current_targets_table():
     """select_kernel's choice for every case the current kernel targets table times beside its rivals is the
     fastest family there (the figures behind select.py's thresholds live in that table, not in its comments)."""
     from treewy.ops.verify.select import select_kernel

@@ -161,7 +161,7 @@ FP32_FACTOR = 3.0
 
 #: FP32_FACTOR's counterpart for the tree kernels' tf32 mode (dot precision "tf32", the default on GPUs): their
 #: products that feed u and the state are split into tf32 hi + lo parts, and the dropped lo x lo term costs a few
-#: times fp32's error (dense, at the model's shapes on the H200: benchmarks/results/gpu_tests_h200_2026-12-01.log).
+#: times fp32's error (dense, at the model's shapes on the H200: ``pytest -m gpu``; benchmarks/README.md names its log).
 TF32_SPLIT_FACTOR = 8.0
 
 

@@ -19,7 +19,7 @@ class ServerConfig:
     max_num_batched_tokens: int = 8192
     kernel_block_alignment: int = 16
     # the memory profile's terms (``activation_reserve_bytes``), against vLLM 0.26's profile of the 35B on the H200
-    # (benchmarks/results/vllm_h200_2026-11-30/capacity_35b_gmu0.9_*.log)
+    # (the capacity logs ``benchmarks/vllm_serve_gpu.py sweep`` writes; benchmarks/README.md names them)
     cudagraph_gib: float = 1.0              # a guess (CUDA graphs on); the tiny model measured 0.14-0.17 GiB
     non_torch_gib: float = 0.22             # that profile's non-torch memory
     sampler_bytes_per_logit: float = 33.0   # fitted to that profile's peak activation

@@ -49,7 +49,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--state-dtype", default=None, help="GDN state dtype (default: the model's, fp32 for Qwen3.5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kernels", default="auto", help="kernel table for measured state-cost ratios: a targets_*.json "
-                        "or kernels_*.json, 'auto' (the newest targets table) or 'none' (analytic)")
+                        "or kernels_*.json, 'auto' (the current targets table) or 'none' (analytic)")
     parser.add_argument("--out", default=None, help="write the tidy frame to this .parquet file "
                         "(and the printed table next to it as .txt)")
 

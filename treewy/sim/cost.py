@@ -16,7 +16,7 @@ flops / peak)`` on one GPU, and the parts add up:
   commit's flops. Prefill chunks read and write one state. Conv states are read and written back:
   kernel - 1 + N columns for store_all (vLLM's sliding window), kernel - 1 for reconstruct (the gather
   commit of DESIGN §2; the vLLM plugin keeps vLLM's wider window, which ``treewy.memory.paging`` sizes).
-  With a kernel benchmark file (``simulate``'s default: the newest kernel targets table, treewy.results),
+  With a kernel benchmark file (``simulate``'s default: the current kernel targets table, treewy.results),
   reconstruct's gdn time is store_all's analytic time times the measured ratio us(treewy) /
   us(store_all) at the nearest batch size and the same tree; ``source`` says which was used.
 * draft: one MTP pass per tree level: the MTP layer's weights (experts touched by its tokens), the

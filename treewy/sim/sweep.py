@@ -120,7 +120,7 @@ def _kernel_file(kernels) -> Path | None:
         return None
     if isinstance(kernels, str) and kernels == "auto":
         return newest_targets()
-    how = "pass a targets_*.json or kernels_*.json, 'auto' (the newest targets table) or None (analytic)"
+    how = "pass a targets_*.json or kernels_*.json, 'auto' (the current targets table) or None (analytic)"
     if not isinstance(kernels, (str, Path)):
         raise ValueError(f"kernels = {kernels!r}: {how}")
     path = Path(kernels)
@@ -142,8 +142,8 @@ def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6,
              return_points: bool = False):
     """Simulate a vLLM-style server; one row per (workload, mode, load point), labelled simulated.
 
-    mode and workload may also be lists (a sweep); concurrency points go up to MAX_CONCURRENCY (4096). kernels: "auto" (the newest measured kernel targets table,
-    ``treewy.results.newest_targets``), a path to a targets_*.json or kernels_*.json, or None (analytic only);
+    mode and workload may also be lists (a sweep); concurrency points go up to MAX_CONCURRENCY (4096). kernels: "auto" (the current measured kernel targets table,
+    ``treewy.results.newest_targets``: treewy/data/index.json's "kernel_targets"), a path to a targets_*.json or kernels_*.json, or None (analytic only);
     the ``cost_source`` column says which table priced each row.
     lengths: explicit (prompt_lens, output_lens) instead of a workload's distribution.
     """
