@@ -115,7 +115,7 @@ class ModelSpec:
     attn_output_gate: bool = True
     tie_embeddings: bool = False
     mtp_layers: int = 1
-    extra_params: float = 0.0          # vision tower etc.: loaded, never read while decoding text
+    extra_params: float = 0.0          # vision tower etc.: never read while decoding text (weight_bytes(vision=))
     default_state_dtype: str = "float32"
     weight_dtype: str = "bfloat16"
     source: str = "preset"

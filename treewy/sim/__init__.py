@@ -5,8 +5,8 @@
                   workload="generation-heavy", concurrency=[1, 8, 32, 64, 128, 256])
 
 Modules: ``workloads`` (length distributions, arrivals), ``cost`` (per-step roofline),
-``scheduler`` (continuous batching, chunked prefill, admission, preemption), ``sweep`` (the
-driver and the ratio table), ``cli`` (``treewy simulate``). Every row it returns is labelled
+``scheduler`` (continuous batching, chunked prefill, admission, preemption) and ``fast_path`` (its
+pure-decode steps in vectorized blocks), ``sweep`` (the driver and the ratio table), ``cli`` (``treewy simulate``). Every row it returns is labelled
 ``simulated=True, device="simulated"``. See README.md in this folder for the choices made.
 """
 
