@@ -335,6 +335,6 @@ class GPU:
 
 _GPUS = {
     "b200": GPU("b200", 178.0, 8.0, 2250.0, 900.0),
-    "h200": GPU("h200", 139.8, 4.8, 989.0, 450.0),     # what CUDA reports (vLLM 0.26's log, 2026-11-30)
+    "h200": GPU("h200", 139.8, 4.8, 989.0, 450.0),     # what CUDA reports (as vLLM 0.26's log prints it)
     "h100": GPU("h100", 80.0, 3.35, 989.0, 450.0),
 }
