@@ -75,9 +75,9 @@ def _device(device):
 
 def window(B: int, T: int, H: int, HV: int, K: int, V: int, gen: torch.Generator, hard: bool = False,
            dtype=torch.float32, device=None) -> list[torch.Tensor]:
-    """A kernel's window [q, k (unit keys), v, g, beta] on ``device`` (default: CUDA where present). Mild: g in
-    (-inf, 0) / 4 from a log-sigmoid, beta uniform in (0, 1); hard: half the nodes decay by g = -20, the others
-    barely (g = -1e-4), and beta is 0.999 (writes that overwrite)."""
+    """A kernel's window [q, k (unit keys), v, g, beta] on ``device`` (default: CUDA where present). Mild:
+    g = logsigmoid(N(0, 1)) / 4, beta uniform in (0, 1); hard: half the nodes decay by g = -20, the others barely
+    (g = -1e-4), and beta is 0.999 (writes that overwrite)."""
     q = torch.randn(B, T, H, K, generator=gen)
     k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
     v = torch.randn(B, T, HV, V, generator=gen)
@@ -115,7 +115,7 @@ def refs(fn, ins, *rest):
 
 
 def pending_as(pending: PendingCommit, dtype) -> PendingCommit:
-    """The same pending commit in a reference's dtype, its topology and accepted nodes on the host."""
+    """The same pending commit in a reference's dtype, its topology and accepted nodes copied to the host."""
     u, k, g, parents, accepted, l2norm = unpack(pending)
     parents = parents.cpu() if isinstance(parents, torch.Tensor) else parents
     return PendingCommit(u.to(dtype), k.to(dtype), g.to(dtype), parents, accepted.cpu(),
