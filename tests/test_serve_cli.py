@@ -182,7 +182,8 @@ def test_importing_treewy_serve_does_not_import_vllm():
 
 def test_serving_reads_the_tokenizer_without_the_models_package():
     """export.py's byte vocabulary comes from treewy.tokenizer, not from inside treewy.models (which re-exports it)."""
-    code = ("import sys, treewy.serve.export; assert 'treewy.models' not in sys.modules, 'export imported treewy.models'; "
+    code = ("import sys, treewy.serve.export; "
+            "assert 'treewy.models' not in sys.modules, 'export imported treewy.models'; "
             "import treewy.tokenizer as t, treewy.models.tokenizer as m; "
             "assert all(getattr(m, n) is getattr(t, n) for n in ('BOS', 'EOS', 'PAD', 'SPECIALS', 'VOCAB_SIZE', "
             "'encode', 'decode'))")

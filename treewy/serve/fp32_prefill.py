@@ -77,14 +77,12 @@ def recurrent_prefill(q, k, v, g, beta, initial_state, output_final_state, cu_se
 
 def install() -> None:
     """Point vLLM's Triton GDN prefill at ``recurrent_prefill`` (before any layer is built; re-entrant)."""
-    import importlib
-
-    op = getattr(importlib.import_module(adapter.GDN_MODULE), adapter.PREFILL_OP)
+    op = adapter.prefill_op()
     if op.__dict__.get(_PATCHED):
         return
 
     def forward_native(self, *args, **kwargs):
         return recurrent_prefill(*args, **kwargs)
 
-    op.forward_native = forward_native
+    adapter.set_prefill(op, forward_native)
     setattr(op, _PATCHED, True)

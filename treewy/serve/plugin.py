@@ -7,7 +7,8 @@ in every process. It does nothing unless ``TREEWY_MODE=reconstruct`` (the launch
 ``TREEWY_EQUAL_BLOCKS=1`` (a test setting) keeps store-all's k speculative blocks per request, unused, so that
 both modes allocate alike and schedule alike (see ``speculative_blocks``).
 
-What ``register()`` does in reconstruct mode (vLLM is imported here, never at treewy import):
+What ``register()`` does in reconstruct mode (vLLM is imported here, never at treewy import; every vLLM name it
+reads goes through ``vllm_adapter``, one constant or function per name, which ``vllm_names`` checks per release):
 
 1. Checks the installed vLLM against ``vllm_adapter.SUPPORTED``.
 2. ``PluggableLayer.register_oot`` of ``TreeWYGatedDeltaNetAttention``: wherever vLLM builds its Qwen
@@ -26,10 +27,7 @@ What ``register()`` does in reconstruct mode (vLLM is imported here, never at tr
 from __future__ import annotations
 
 import contextvars
-import dataclasses
-import importlib
 import os
-
 
 from treewy.memory import check_tp
 from treewy.serve import fp32_prefill
@@ -80,22 +78,14 @@ def register() -> None:
     if version is None:
         raise ImportError("TREEWY_MODE=reconstruct needs vLLM: " + adapter.unsupported_message("(none installed)"))
     line = adapter.check_version(version)
-    from vllm.model_executor.custom_op import op_registry_oot
-
-    gdn = importlib.import_module(adapter.GDN_MODULE)
-    if adapter.GDN_LAYER not in op_registry_oot:
-        getattr(gdn, adapter.GDN_LAYER).register_oot(_layer_class(gdn), name=adapter.GDN_LAYER)
+    gdn = adapter.gdn_module()
+    adapter.register_layer(gdn, _layer_class(gdn, line))
     _wrap_spec_update(gdn)
     _patch_model_classes(adapter.MODEL_CLASSES[line])
 
 
 def _page_from_vllm_config(stock_shapes, stock_dtypes, vllm_config):
-    hf = vllm_config.model_config.hf_text_config
-    spec = vllm_config.speculative_config
-    return page_layout(stock_shapes, stock_dtypes, tp=vllm_config.parallel_config.tensor_parallel_size,
-                       num_k_heads=hf.linear_num_key_heads, num_v_heads=hf.linear_num_value_heads,
-                       head_k_dim=hf.linear_key_head_dim, head_v_dim=hf.linear_value_head_dim,
-                       num_spec=spec.num_speculative_tokens if spec else 0)
+    return page_layout(stock_shapes, stock_dtypes, **adapter.config_dims(vllm_config))
 
 
 def _page_method(stock_shape, stock_dtype, part: int):
@@ -107,77 +97,72 @@ def _page_method(stock_shape, stock_dtype, part: int):
 
 def _patch_model_classes(classes) -> None:
     for module, name in classes:
-        cls = getattr(importlib.import_module(module), name)
+        cls = adapter.model_class(module, name)
         if cls.__dict__.get(_PATCHED):
             continue
-        shape_fn, dtype_fn = cls.get_mamba_state_shape_from_config, cls.get_mamba_state_dtype_from_config
-        cls.get_mamba_state_shape_from_config = _page_method(shape_fn, dtype_fn, 0)
-        cls.get_mamba_state_dtype_from_config = _page_method(shape_fn, dtype_fn, 1)
+        shape_fn, dtype_fn = adapter.page_methods(cls)
+        adapter.set_page_methods(cls, (_page_method(shape_fn, dtype_fn, 0), _page_method(shape_fn, dtype_fn, 1)))
         setattr(cls, _PATCHED, True)
 
 
 def _wrap_spec_update(gdn) -> None:
-    stock = getattr(gdn, adapter.SPEC_UPDATE)
+    stock = adapter.spec_update(gdn)
     if getattr(stock, _PATCHED, False):
         return
 
-    def spec_update(*args, num_accepted_tokens=None, **kwargs):
+    def spec_update(*args, **kwargs):
         layer = _ACTIVE_LAYER.get()
-        if layer is None or num_accepted_tokens is None or args:
-            return stock(*args, num_accepted_tokens=num_accepted_tokens, **kwargs)
-        return layer.treewy_spec_update(num_accepted_tokens=num_accepted_tokens, **kwargs)
+        if layer is None or kwargs.get(adapter.NUM_ACCEPTED) is None or args:
+            return stock(*args, **kwargs)
+        return layer.treewy_spec_update(**kwargs)
 
     setattr(spec_update, _PATCHED, True)
-    setattr(gdn, adapter.SPEC_UPDATE, spec_update)
+    adapter.set_spec_update(gdn, spec_update)
 
 
-def _layer_class(gdn):
-    """Build the subclass (needs vllm); kept in a function so importing this module never imports vllm."""
-    from vllm.forward_context import get_forward_context
-    from vllm.v1.kv_cache_interface import MambaSpec
-
+def _layer_class(gdn, line: str):
+    """Build the subclass of vLLM's layer for release ``line``; kept in a function so importing this module never
+    imports vllm. Its three overrides are vLLM's method names (``vllm_names`` checks their parameters)."""
     from treewy.ops.verify.chain import fixed_config
 
-    class TreeWYGatedDeltaNetAttention(getattr(gdn, adapter.GDN_LAYER)):
+    class TreeWYGatedDeltaNetAttention(adapter.gdn_layer(gdn)):
         """One state block per request; the pending commit folded into the next verify."""
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            if self.cache_config.mamba_cache_mode != "none":
-                raise ValueError(f"TREEWY_MODE=reconstruct supports mamba_cache_mode 'none' only, got "
-                                 f"{self.cache_config.mamba_cache_mode!r}: serve with --no-enable-prefix-caching")
-            for flag in adapter.FUSED_PATH_FLAGS:
-                if hasattr(self, flag):
-                    setattr(self, flag, False)
+            mode = adapter.mamba_cache_mode(self)
+            if mode != adapter.NO_MAMBA_CACHE:
+                raise ValueError(f"TREEWY_MODE=reconstruct supports mamba_cache_mode {adapter.NO_MAMBA_CACHE!r} only, "
+                                 f"got {mode!r}: serve with --no-enable-prefix-caching")
+            adapter.disable_fused_paths(self, line)
             self.treewy_config = fixed_config()
+            self.treewy_window = adapter.layer_dims(self)["num_spec"] + 1   # T: the root and the k drafts
 
         def get_kv_cache_spec(self, vllm_config):
             spec = super().get_kv_cache_spec(vllm_config)
-            if isinstance(spec, MambaSpec):
-                shapes, dtypes = page_layout(spec.shapes, spec.dtypes, tp=self.tp_size, num_k_heads=self.num_k_heads,
-                                             num_v_heads=self.num_v_heads, head_k_dim=self.head_k_dim,
-                                             head_v_dim=self.head_v_dim, num_spec=self.num_spec)
-                spec = dataclasses.replace(spec, shapes=shapes, dtypes=dtypes,
-                                           num_speculative_blocks=speculative_blocks(self.num_spec))
+            if adapter.is_mamba_spec(spec):
+                dims = adapter.layer_dims(self)
+                shapes, dtypes = page_layout(*adapter.spec_page(spec), **dims)
+                spec = adapter.with_page(spec, shapes, dtypes, speculative_blocks(dims["num_spec"]))
             return spec
 
         def treewy_pools(self) -> ReconstructPools:
-            _, state, u, k, g, meta = self.kv_cache
+            _, state, u, k, g, meta = adapter.layer_kv_cache(self)
             return ReconstructPools(state=state, u=u, k=k, g=g, meta=meta)
 
         def _forward_core(self, mixed_qkv, b, a, core_attn_out):
-            raw = get_forward_context().attn_metadata
-            md = raw.get(self.prefix) if isinstance(raw, dict) else None
-            if md is not None and (md.num_prefills > 0 or md.num_decodes > 0):
+            md = adapter.layer_metadata(self)
+            flush = adapter.non_spec_slots(md)
+            if flush is not None:
                 # vLLM's prefill / plain-decode kernels read these slots' state directly
-                flush_slots(self.treewy_pools(), md.non_spec_state_indices_tensor)
-            idx = getattr(md, "spec_state_indices_tensor", None)
+                flush_slots(self.treewy_pools(), flush)
+            idx = adapter.spec_slots(md)
             if idx is not None:
                 # every spec row's state and conv window live in the request's first block: one block per
                 # request makes the block table 1 wide (TREEWY_EQUAL_BLOCKS: k + 1, the rest unused), but vLLM's
                 # spec conv reads the window length from its width (causal_conv1d_update's max_query_len), so
                 # it becomes k + 1 views of column 0
-                md.spec_state_indices_tensor = idx[:, :1].expand(-1, self.num_spec + 1)
+                adapter.set_spec_slots(md, idx[:, :1].expand(-1, self.treewy_window))
             token = _ACTIVE_LAYER.set(self)
             try:
                 super()._forward_core(mixed_qkv, b, a, core_attn_out)

@@ -143,8 +143,9 @@ def spec_step_gated(pools: ReconstructPools, slots: torch.Tensor, num_accepted: 
 
 def vllm_spec_update(pools: ReconstructPools, *, A_log, a, b, dt_bias, q, k, v, cu_seqlens, ssm_state_indices,
                      num_accepted_tokens, use_qk_l2norm_in_kernel, config=None, **_):
-    """What the plugin runs in place of vLLM's store-all spec kernel, called with its arguments: (o [1, N, HV, V],
-    None). vLLM's state indices are [B, k + 1] (store-all's blocks); the request's one slot is column 0."""
+    """What the plugin runs in place of vLLM's store-all spec kernel, called with its arguments (their names:
+    ``vllm_adapter.SPEC_UPDATE_PARAMS``): (o [1, N, HV, V], None). vLLM's state indices are [B, k + 1] (store-all's
+    blocks); the request's one slot is column 0."""
     B = cu_seqlens.shape[0] - 1
     o = spec_step_gated(pools, ssm_state_indices[:B, 0], num_accepted_tokens, q[0], k[0], v[0], A_log, a, b, dt_bias,
                         cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, config=config)

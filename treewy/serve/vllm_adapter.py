@@ -2,10 +2,15 @@
 
 vLLM 0.26.x is the version the plugin runs on (tested on an H200: the ``vllm``-marked tests and
 benchmarks/vllm_serve_gpu.py); 0.33.x is checked against its source only (``vllm_names.check_source``).
-Nothing here imports vLLM at import time.
+Every vLLM module, class, function, attribute and keyword the plugin (``plugin``, ``fp32_prefill``,
+``reconstruct.vllm_spec_update``) touches is named here once, as a constant, and read through the functions below;
+``vllm_names`` checks each name against an install or a release's source. Nothing here imports vLLM at import time.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import importlib
 
 #: Supported vLLM release lines, and how far each is verified.
 SUPPORTED = {"0.26": "served and tested on an H200", "0.33": "names checked against its source only"}
@@ -18,11 +23,52 @@ SERVE_REQUIREMENT = "vllm>=0.26,<0.34," + ",".join(f"!=0.{m}.*" for m in range(2
 GDN_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
 GDN_LAYER = "QwenGatedDeltaNetAttention"
 SPEC_UPDATE = "fused_sigmoid_gating_delta_rule_update"
-#: The layer module's prefill op; its ``forward_native`` (the Triton backend) is what ``fp32_prefill`` replaces.
+#: SPEC_UPDATE's keyword arguments (``reconstruct.vllm_spec_update`` takes them by these names), and the one the
+#: plugin's wrapper reads to tell a spec-row call from any other.
+SPEC_UPDATE_PARAMS = ("A_log", "a", "b", "dt_bias", "q", "k", "v", "initial_state", "cu_seqlens", "ssm_state_indices",
+                      "num_accepted_tokens", "use_qk_l2norm_in_kernel")
+NUM_ACCEPTED = "num_accepted_tokens"
+#: The layer module's prefill op; its ``forward_native`` (the Triton backend) is what ``fp32_prefill`` replaces,
+#: called with PREFILL_PARAMS by keyword.
 PREFILL_OP = "ChunkGatedDeltaRule"
+PREFILL_METHOD = "forward_native"
+PREFILL_PARAMS = ("self", "q", "k", "v", "g", "beta", "initial_state", "output_final_state", "cu_seqlens",
+                  "chunk_indices", "chunk_offsets", "use_qk_l2norm_in_kernel", "core_attn_out")
 
-#: Fused decode paths of the layer that bypass ``SPEC_UPDATE`` (switched off in reconstruct mode).
-FUSED_PATH_FLAGS = ("enable_packed_recurrent_decode", "enable_fused_gdn_spec_decode")
+#: vLLM's out-of-tree layer registry (``PluggableLayer.register_oot`` fills it).
+CUSTOM_OP_MODULE = "vllm.model_executor.custom_op"
+OOT_REGISTRY = "op_registry_oot"
+REGISTER_OOT = "register_oot"   # a classmethod of the layer (PluggableLayer's), called with name=
+#: The per-step context: ``get_forward_context().attn_metadata`` maps a layer's prefix to its metadata.
+FORWARD_CONTEXT_MODULE = "vllm.forward_context"
+GET_FORWARD_CONTEXT = "get_forward_context"
+ATTN_METADATA = "attn_metadata"
+#: The KV-cache spec a Mamba-like layer returns (its page: ``shapes`` and ``dtypes``; its spare blocks per request).
+KV_CACHE_MODULE = "vllm.v1.kv_cache_interface"
+MAMBA_SPEC = "MambaSpec"
+SPEC_SHAPES, SPEC_DTYPES, SPEC_SPARE_BLOCKS = "shapes", "dtypes", "num_speculative_blocks"
+
+#: Attributes of vLLM's GDN layer the plugin reads: its shape on this rank's view (heads are the model's, all
+#: ranks), its cache config, its name in the forward context and its bound KV cache.
+LAYER_DIMS = {"tp": "tp_size", "num_k_heads": "num_k_heads", "num_v_heads": "num_v_heads",
+              "head_k_dim": "head_k_dim", "head_v_dim": "head_v_dim", "num_spec": "num_spec"}
+LAYER_CACHE_CONFIG, LAYER_PREFIX, LAYER_KV_CACHE = "cache_config", "prefix", "kv_cache"
+#: ``CacheConfig.mamba_cache_mode``, and its value without prefix caching (the one mode reconstruct supports).
+MAMBA_CACHE_MODE, NO_MAMBA_CACHE = "mamba_cache_mode", "none"
+#: The HF text config's GDN fields (what the layer's ``__init__`` reads them as), and the path from a VllmConfig to
+#: the text config, the tensor-parallel size and the speculative config.
+CONFIG_HEADS = {"num_k_heads": "linear_num_key_heads", "num_v_heads": "linear_num_value_heads",
+                "head_k_dim": "linear_key_head_dim", "head_v_dim": "linear_value_head_dim"}
+MODEL_CONFIG, HF_TEXT_CONFIG = "model_config", "hf_text_config"
+PARALLEL_CONFIG, TP_SIZE = "parallel_config", "tensor_parallel_size"
+SPECULATIVE_CONFIG, NUM_SPECULATIVE_TOKENS = "speculative_config", "num_speculative_tokens"
+#: GDNAttentionMetadata fields the layer's forward reads: row counts, the state slots of the non-spec and spec rows.
+MD_NUM_PREFILLS, MD_NUM_DECODES = "num_prefills", "num_decodes"
+MD_NON_SPEC_SLOTS, MD_SPEC_SLOTS = "non_spec_state_indices_tensor", "spec_state_indices_tensor"
+
+#: Fused decode paths of the layer that bypass ``SPEC_UPDATE`` (switched off in reconstruct mode), per release line.
+FUSED_PATH_FLAGS = {"0.26": ("enable_packed_recurrent_decode",),
+                    "0.33": ("enable_packed_recurrent_decode", "enable_fused_gdn_spec_decode")}
 
 #: Model classes whose ``get_mamba_state_{shape,dtype}_from_config`` plan vLLM's page padding.
 MODEL_CLASSES = {
@@ -32,6 +78,7 @@ MODEL_CLASSES = {
              ("vllm.model_executor.models.qwen3_5", "Qwen3_5ForConditionalGeneration"),
              ("vllm.model_executor.models.qwen3_next", "Qwen3NextForCausalLM")),
 }
+PAGE_METHODS = ("get_mamba_state_shape_from_config", "get_mamba_state_dtype_from_config")
 
 
 def release_line(version: str) -> str | None:
@@ -63,3 +110,113 @@ def installed_version() -> str | None:
         return version("vllm")
     except PackageNotFoundError:
         return None
+
+
+def gdn_module():
+    """vLLM's Qwen GDN layer module (imports vLLM)."""
+    return importlib.import_module(GDN_MODULE)
+
+
+def gdn_layer(gdn):
+    return getattr(gdn, GDN_LAYER)
+
+
+def register_layer(gdn, cls) -> None:
+    """Make vLLM build ``cls`` wherever it builds its Qwen GDN layer (once per process)."""
+    if GDN_LAYER not in getattr(importlib.import_module(CUSTOM_OP_MODULE), OOT_REGISTRY):
+        getattr(gdn_layer(gdn), REGISTER_OOT)(cls, name=GDN_LAYER)
+
+
+def spec_update(gdn):
+    return getattr(gdn, SPEC_UPDATE)
+
+
+def set_spec_update(gdn, fn) -> None:
+    setattr(gdn, SPEC_UPDATE, fn)
+
+
+def prefill_op():
+    return getattr(gdn_module(), PREFILL_OP)
+
+
+def set_prefill(op, fn) -> None:
+    setattr(op, PREFILL_METHOD, fn)
+
+
+def model_class(module: str, name: str):
+    return getattr(importlib.import_module(module), name)
+
+
+def page_methods(cls) -> tuple:
+    """The model class's (shape, dtype) page-planning classmethods, bound."""
+    return tuple(getattr(cls, m) for m in PAGE_METHODS)
+
+
+def set_page_methods(cls, methods) -> None:
+    for m, fn in zip(PAGE_METHODS, methods):
+        setattr(cls, m, fn)
+
+
+def config_dims(vllm_config) -> dict:
+    """The GDN shape a VllmConfig gives (``page_layout``'s keywords): tp, the model's heads and head dims, num_spec."""
+    hf = getattr(getattr(vllm_config, MODEL_CONFIG), HF_TEXT_CONFIG)
+    spec = getattr(vllm_config, SPECULATIVE_CONFIG)
+    return {"tp": getattr(getattr(vllm_config, PARALLEL_CONFIG), TP_SIZE),
+            **{k: getattr(hf, a) for k, a in CONFIG_HEADS.items()},
+            "num_spec": getattr(spec, NUM_SPECULATIVE_TOKENS) if spec else 0}
+
+
+def layer_dims(layer) -> dict:
+    """The same shape as the built layer holds it."""
+    return {k: getattr(layer, a) for k, a in LAYER_DIMS.items()}
+
+
+def mamba_cache_mode(layer) -> str:
+    return getattr(getattr(layer, LAYER_CACHE_CONFIG), MAMBA_CACHE_MODE)
+
+
+def disable_fused_paths(layer, line: str) -> None:
+    for flag in FUSED_PATH_FLAGS[line]:
+        setattr(layer, flag, False)
+
+
+def is_mamba_spec(spec) -> bool:
+    return isinstance(spec, getattr(importlib.import_module(KV_CACHE_MODULE), MAMBA_SPEC))
+
+
+def spec_page(spec) -> tuple:
+    """(shapes, dtypes) of a MambaSpec's page."""
+    return getattr(spec, SPEC_SHAPES), getattr(spec, SPEC_DTYPES)
+
+
+def with_page(spec, shapes, dtypes, num_speculative_blocks: int):
+    """The MambaSpec with this page and this many spare blocks per request."""
+    page = {SPEC_SHAPES: shapes, SPEC_DTYPES: dtypes, SPEC_SPARE_BLOCKS: num_speculative_blocks}
+    return dataclasses.replace(spec, **page)
+
+
+def layer_kv_cache(layer) -> tuple:
+    return getattr(layer, LAYER_KV_CACHE)
+
+
+def layer_metadata(layer):
+    """The layer's GDNAttentionMetadata in this step (None when the step has none for it, e.g. a profile run)."""
+    ctx = getattr(importlib.import_module(FORWARD_CONTEXT_MODULE), GET_FORWARD_CONTEXT)()
+    raw = getattr(ctx, ATTN_METADATA)
+    return raw.get(getattr(layer, LAYER_PREFIX)) if isinstance(raw, dict) else None
+
+
+def non_spec_slots(md):
+    """The state slots of the step's prefill and plain-decode rows; None when it has none."""
+    if md is None or (getattr(md, MD_NUM_PREFILLS) == 0 and getattr(md, MD_NUM_DECODES) == 0):
+        return None
+    return getattr(md, MD_NON_SPEC_SLOTS)
+
+
+def spec_slots(md):
+    """The spec rows' state slots [B, k + 1] (None: no spec rows)."""
+    return getattr(md, MD_SPEC_SLOTS, None)
+
+
+def set_spec_slots(md, slots) -> None:
+    setattr(md, MD_SPEC_SLOTS, slots)

@@ -1,5 +1,6 @@
 """Every vLLM name the plugin and the launcher rely on, with the parameters they are called with.
 
+The names are ``vllm_adapter``'s constants, so what the plugin reads and what is checked are spelled once.
 ``check_installed()`` imports vLLM and inspects the live objects (the ``vllm``-marked test);
 ``check_source(root)`` reads an unpacked vllm wheel with ``ast`` and needs no vLLM install
 (``pip download --no-deps vllm==0.33.0`` and unzip it). Both return a list of problems (empty = ok).
@@ -13,54 +14,67 @@ import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
+from treewy.serve import vllm_adapter as A
+
 
 @dataclass(frozen=True)
 class Name:
     module: str
     qualname: str                 # "Class", "Class.method", "function", "CONSTANT", "Dataclass.field"
     params: tuple[str, ...] = ()  # parameter names that must exist (positional order of those listed)
-    kind: str = "callable"        # callable | class | attr | field
+    kind: str = "callable"        # callable | class | attr | field | instance (set on self, or declared in the
+                                  # class body, in the class or one of its bases)
 
 
-GDN = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
+GDN = A.GDN_MODULE
 FLA = "vllm.third_party.flash_linear_attention.ops.fused_sigmoid_gating"
 MAMBA = "vllm.model_executor.layers.mamba.abstract"
+KV = A.KV_CACHE_MODULE
+MD = "vllm.v1.attention.backends.gdn_attn"
 NAMES: tuple[Name, ...] = (
     Name("vllm.plugins", "DEFAULT_PLUGINS_GROUP", kind="attr"),
     Name("vllm.plugins", "load_general_plugins"),
-    Name("vllm.model_executor.custom_op", "op_registry_oot", kind="attr"),
-    Name("vllm.model_executor.custom_op", "PluggableLayer.register_oot", ("cls", "_decorated_layer_cls", "name")),
-    Name(GDN, "QwenGatedDeltaNetAttention", kind="class"),
-    Name(GDN, "QwenGatedDeltaNetAttention.__init__", ("self", "config", "vllm_config", "prefix")),
-    Name(GDN, "QwenGatedDeltaNetAttention._forward_core", ("self", "mixed_qkv", "b", "a", "core_attn_out")),
-    Name(GDN, "QwenGatedDeltaNetAttention.rearrange_mixed_qkv", ("self", "mixed_qkv")),
+    Name(A.CUSTOM_OP_MODULE, A.OOT_REGISTRY, kind="attr"),
+    Name(A.CUSTOM_OP_MODULE, f"PluggableLayer.{A.REGISTER_OOT}", ("cls", "_decorated_layer_cls", "name")),
+    Name(GDN, A.GDN_LAYER, kind="class"),
+    # the three methods the plugin's subclass overrides, and what it reads off the built layer
+    Name(GDN, f"{A.GDN_LAYER}.__init__", ("self", "config", "vllm_config", "prefix")),
+    Name(GDN, f"{A.GDN_LAYER}._forward_core", ("self", "mixed_qkv", "b", "a", "core_attn_out")),
+    Name(MAMBA, "MambaBase.get_kv_cache_spec", ("self", "vllm_config")),
+    *(Name(GDN, f"{A.GDN_LAYER}.{attr}", kind="instance") for attr in (
+        *A.LAYER_DIMS.values(), A.LAYER_CACHE_CONFIG, A.LAYER_PREFIX, A.LAYER_KV_CACHE)),
+    Name(GDN, f"{A.GDN_LAYER}.rearrange_mixed_qkv", ("self", "mixed_qkv")),
     Name(GDN, "qwen_gdn_attention_core", ("qkv_or_qkvz", "b_or_ba", "a_or_z_out", "core_attn_out", "layer_name")),
     # the spec-row kernel the plugin stands in for (called by keyword inside _forward_core)
-    Name(FLA, "fused_sigmoid_gating_delta_rule_update",
-         ("A_log", "a", "b", "dt_bias", "q", "k", "v", "initial_state", "cu_seqlens", "ssm_state_indices",
-          "num_accepted_tokens", "use_qk_l2norm_in_kernel")),
+    Name(FLA, A.SPEC_UPDATE, A.SPEC_UPDATE_PARAMS),
+    Name(GDN, A.SPEC_UPDATE, kind="attr"),   # imported into the layer's module, where the plugin wraps it
     # the prefill op whose Triton path fp32_prefill replaces (called by keyword)
-    Name(GDN, "ChunkGatedDeltaRule.forward_native",
-         ("self", "q", "k", "v", "g", "beta", "initial_state", "output_final_state", "cu_seqlens", "chunk_indices",
-          "chunk_offsets", "use_qk_l2norm_in_kernel", "core_attn_out")),
-    Name(MAMBA, "MambaBase.get_kv_cache_spec", ("self", "vllm_config")),
-    Name("vllm.v1.kv_cache_interface", "MambaSpec.num_speculative_blocks", kind="field"),
-    Name("vllm.v1.kv_cache_interface", "MambaSpec.shapes", kind="field"),
-    Name("vllm.v1.kv_cache_interface", "MambaSpec.dtypes", kind="field"),
-    Name("vllm.v1.attention.backends.gdn_attn", "GDNAttentionMetadata", kind="class"),
-    *(Name("vllm.v1.attention.backends.gdn_attn", f"GDNAttentionMetadata.{f}", kind="field") for f in (
-        "num_prefills", "num_decodes", "non_spec_state_indices_tensor", "spec_state_indices_tensor",
-        "spec_query_start_loc", "num_accepted_tokens")),
-    Name("vllm.forward_context", "get_forward_context"),
+    Name(GDN, f"{A.PREFILL_OP}.{A.PREFILL_METHOD}", A.PREFILL_PARAMS),
+    Name(KV, A.MAMBA_SPEC, kind="class"),
+    *(Name(KV, f"{A.MAMBA_SPEC}.{f}", kind="field") for f in (A.SPEC_SPARE_BLOCKS, A.SPEC_SHAPES, A.SPEC_DTYPES)),
+    Name(MD, "GDNAttentionMetadata", kind="class"),
+    *(Name(MD, f"GDNAttentionMetadata.{f}", kind="field") for f in (
+        A.MD_NUM_PREFILLS, A.MD_NUM_DECODES, A.MD_NON_SPEC_SLOTS, A.MD_SPEC_SLOTS, "spec_query_start_loc",
+        "num_accepted_tokens")),
+    Name(A.FORWARD_CONTEXT_MODULE, A.GET_FORWARD_CONTEXT),
+    Name(A.FORWARD_CONTEXT_MODULE, f"ForwardContext.{A.ATTN_METADATA}", kind="field"),
+    # the path from a VllmConfig to the shape the model classes' page planning needs
+    Name("vllm.config.vllm", f"VllmConfig.{A.MODEL_CONFIG}", kind="field"),
+    Name("vllm.config.vllm", f"VllmConfig.{A.PARALLEL_CONFIG}", kind="field"),
+    Name("vllm.config.vllm", f"VllmConfig.{A.SPECULATIVE_CONFIG}", kind="field"),
+    Name("vllm.config.model", f"ModelConfig.{A.HF_TEXT_CONFIG}", kind="field"),
+    Name("vllm.config.parallel", f"ParallelConfig.{A.TP_SIZE}", kind="field"),
+    Name("vllm.config.speculative", f"SpeculativeConfig.{A.NUM_SPECULATIVE_TOKENS}", kind="field"),
+    Name("vllm.config.cache", f"CacheConfig.{A.MAMBA_CACHE_MODE}", kind="field"),
 )
 
 
 def names_for(line: str) -> tuple[Name, ...]:
-    """NAMES plus the model classes whose page-planning methods the plugin patches in release ``line``."""
-    from treewy.serve.vllm_adapter import MODEL_CLASSES
-
-    return NAMES + tuple(Name(m, f"{c}.{meth}", ("cls", "vllm_config")) for m, c in MODEL_CLASSES[line]
-                         for meth in ("get_mamba_state_shape_from_config", "get_mamba_state_dtype_from_config"))
+    """NAMES plus release ``line``'s own: the layer's fused-path flags, and the model classes whose page-planning
+    methods the plugin patches."""
+    return (NAMES + tuple(Name(GDN, f"{A.GDN_LAYER}.{flag}", kind="instance") for flag in A.FUSED_PATH_FLAGS[line])
+            + tuple(Name(m, f"{c}.{meth}", ("cls", "vllm_config")) for m, c in A.MODEL_CLASSES[line]
+                    for meth in A.PAGE_METHODS))
 
 
 #: CLI flags the launcher and the sweep pass (checked in the source text of these files).
@@ -79,6 +93,9 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "vllm/v1/spec_decode/metrics.py": ('"vllm:spec_decode_num_drafts"', '"vllm:spec_decode_num_draft_tokens"',
                                        '"vllm:spec_decode_num_accepted_tokens"'),
     "vllm/config/compilation.py": ('"vllm::qwen_gdn_attention_core"', "cudagraph_mode", "PIECEWISE"),
+    # the HF config fields the plugin reads off hf_text_config are the ones vLLM's layer reads off its config
+    GDN.replace(".", "/") + ".py": tuple(f"config.{a}" for a in A.CONFIG_HEADS.values()),
+    "vllm/config/cache.py": (f'"{A.NO_MAMBA_CACHE}"',),
 }
 
 
@@ -92,11 +109,40 @@ def _check_params(name: Name, got: list[str]) -> str | None:
     return None
 
 
-def check_installed() -> list[str]:
-    from treewy.serve.vllm_adapter import check_version, installed_version
+def _sets_on_self(cls_node: ast.ClassDef, attr: str) -> bool:
+    """Whether a class body declares ``attr`` or one of its methods assigns ``self.<attr>``."""
+    for stmt in cls_node.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == attr:
+            return True
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == attr for t in stmt.targets):
+            return True
+    for node in ast.walk(cls_node):
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+        for t in targets:
+            for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                if (isinstance(e, ast.Attribute) and e.attr == attr and isinstance(e.value, ast.Name)
+                        and e.value.id == "self"):
+                    return True
+    return False
 
+
+def _installed_instance_attr(cls, attr: str) -> bool:
+    for klass in getattr(cls, "__mro__", ()):
+        if attr in vars(klass) or attr in vars(klass).get("__annotations__", {}):
+            return True
+        try:
+            tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        if any(isinstance(c, ast.ClassDef) and _sets_on_self(c, attr) for c in tree.body):
+            return True
+    return False
+
+
+def check_installed() -> list[str]:
     problems = []
-    for n in names_for(check_version(installed_version() or "(none)")):
+    for n in names_for(A.check_version(A.installed_version() or "(none)")):
         try:
             obj = importlib.import_module(n.module)
         except ImportError as e:
@@ -108,6 +154,10 @@ def check_installed() -> list[str]:
             fields = getattr(cls, "__dataclass_fields__", {}) if cls is not None else {}
             if parts[1] not in fields:
                 problems.append(f"{n.module}.{n.qualname}: no such dataclass field")
+            continue
+        if n.kind == "instance":
+            if not _installed_instance_attr(getattr(obj, parts[0], None), parts[1]):
+                problems.append(f"{n.module}.{n.qualname}: not set on the layer (nor on a base class)")
             continue
         for p in parts:
             obj = getattr(obj, p, None)
@@ -136,10 +186,40 @@ def _find(tree: ast.Module, parts: list[str]):
                 node = stmt
             elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == p:
                 node = stmt
+            elif isinstance(stmt, ast.ImportFrom) and any((a.asname or a.name) == p for a in stmt.names):
+                node = stmt
         if node is None:
             return None
         body = getattr(node, "body", [])
     return node
+
+
+def _source_file(root: Path, module: str) -> Path | None:
+    for path in (root / (module.replace(".", "/") + ".py"), root / module.replace(".", "/") / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _source_instance_attr(root: Path, module: str, cls: str, attr: str, depth: int = 0) -> bool:
+    """Whether class ``cls`` of ``module`` (or a base, followed through the module's ``from X import Base``) sets
+    or declares ``attr``."""
+    path = _source_file(root, module)
+    if path is None or depth > 8:
+        return False
+    tree = ast.parse(path.read_text())
+    node = next((s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == cls), None)
+    if node is None:
+        return False
+    if _sets_on_self(node, attr):
+        return True
+    imports = {(a.asname or a.name): (s.module, a.name) for s in tree.body if isinstance(s, ast.ImportFrom)
+               and s.module and not s.level for a in s.names}
+    for base in (b.id for b in node.bases if isinstance(b, ast.Name)):
+        where, name = imports.get(base, (module, base))
+        if _source_instance_attr(root, where, name, attr, depth + 1):
+            return True
+    return False
 
 
 def check_source(root: str | Path, line: str = "0.33") -> list[str]:
@@ -147,11 +227,14 @@ def check_source(root: str | Path, line: str = "0.33") -> list[str]:
     root = Path(root)
     problems = []
     for n in names_for(line):
-        path = root / (n.module.replace(".", "/") + ".py")
-        if not path.is_file():
-            path = root / n.module.replace(".", "/") / "__init__.py"
-        if not path.is_file():
+        path = _source_file(root, n.module)
+        if path is None:
             problems.append(f"{n.module}: no source file")
+            continue
+        if n.kind == "instance":
+            cls, attr = n.qualname.split(".")
+            if not _source_instance_attr(root, n.module, cls, attr):
+                problems.append(f"{n.module}.{n.qualname}: not set on the class (nor on a base class)")
             continue
         node = _find(ast.parse(path.read_text()), n.qualname.split("."))
         if node is None:

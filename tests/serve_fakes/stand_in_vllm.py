@@ -1,0 +1,116 @@
+"""A stand-in for the few vLLM modules the plugin touches, built from ``vllm_adapter``'s names, so that
+``plugin.register()`` and the TreeWY layer run on CPU without vLLM: the out-of-tree registry, a Qwen GDN layer whose
+``_forward_core`` calls the module's spec kernel by keyword (as vLLM 0.26's does), the forward context, MambaSpec
+and the model classes' page planning. What each name means in vLLM is checked by ``vllm_names``, not here."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+
+import torch
+
+from treewy.serve import vllm_adapter as A
+
+
+@dataclasses.dataclass(frozen=True)
+class MambaSpec:
+    shapes: tuple
+    dtypes: tuple
+    num_speculative_blocks: int = 0
+
+
+@dataclasses.dataclass
+class Metadata:
+    num_prefills: int = 0
+    num_decodes: int = 0
+    non_spec_state_indices_tensor: torch.Tensor | None = None
+    spec_state_indices_tensor: torch.Tensor | None = None
+
+
+class StandIn:
+    """The installed modules and what their code saw."""
+
+    def __init__(self, line: str):
+        self.line, self.registry, self.stock_calls, self.metadata = line, {}, [], {}
+        self.gdn = types.ModuleType(A.GDN_MODULE)
+        self.custom_op = types.ModuleType(A.CUSTOM_OP_MODULE)
+        setattr(self.custom_op, A.OOT_REGISTRY, self.registry)
+        self.forward_context = types.ModuleType(A.FORWARD_CONTEXT_MODULE)
+        setattr(self.forward_context, A.GET_FORWARD_CONTEXT,
+                lambda: types.SimpleNamespace(**{A.ATTN_METADATA: self.metadata}))
+        self.kv = types.ModuleType(A.KV_CACHE_MODULE)
+        setattr(self.kv, A.MAMBA_SPEC, MambaSpec)
+        setattr(self.gdn, A.SPEC_UPDATE, lambda **kw: (self.stock_calls.append(kw), ("stock", None))[1])
+        setattr(self.gdn, A.GDN_LAYER, self._layer_class())
+        self.model_modules: dict[str, types.ModuleType] = {}
+        for module, name in A.MODEL_CLASSES[line]:
+            setattr(self.model_modules.setdefault(module, types.ModuleType(module)), name, self._model_class())
+
+    @staticmethod
+    def stock_page(dims: dict) -> tuple:
+        """A GDN page as the stock layer has it: conv state, recurrent state (the rank's heads)."""
+        hv = dims["num_v_heads"] // dims["tp"]
+        return ((4, 3 + dims["num_spec"]), (hv, dims["head_v_dim"], dims["head_k_dim"])), (torch.bfloat16,
+                                                                                         torch.float32)
+
+    def _layer_class(self):
+        stand_in = self
+
+        class Layer:
+            @classmethod
+            def register_oot(cls, layer_cls, name=None):
+                stand_in.registry[name] = layer_cls
+
+            def __init__(self, config, vllm_config, prefix=""):
+                dims = A.config_dims(vllm_config)
+                for key, attr in A.LAYER_DIMS.items():
+                    setattr(self, attr, dims[key])
+                setattr(self, A.LAYER_PREFIX, prefix)
+                setattr(self, A.LAYER_CACHE_CONFIG, vllm_config.cache_config)
+                for flag in A.FUSED_PATH_FLAGS[stand_in.line]:
+                    setattr(self, flag, True)
+
+            def get_kv_cache_spec(self, vllm_config):
+                return MambaSpec(*stand_in.stock_page(A.layer_dims(self)))
+
+            def _forward_core(self, mixed_qkv, b, a, core_attn_out):
+                md = stand_in.metadata[getattr(self, A.LAYER_PREFIX)]
+                spec = getattr(stand_in.gdn, A.SPEC_UPDATE)   # looked up per call, as vLLM's module global is
+                # the plain-decode call carries no accepted counts; the spec-row call does
+                spec(q=mixed_qkv, ssm_state_indices=md.non_spec_state_indices_tensor)
+                return spec(A_log=a, a=a, b=b, q=mixed_qkv, ssm_state_indices=md.spec_state_indices_tensor,
+                            **{A.NUM_ACCEPTED: torch.tensor([2, 1])})
+
+        return Layer
+
+    def _model_class(self):
+        stand_in = self
+
+        class Model:
+            @classmethod
+            def get_mamba_state_shape_from_config(cls, vllm_config):
+                return stand_in.stock_page(A.config_dims(vllm_config))[0]
+
+            @classmethod
+            def get_mamba_state_dtype_from_config(cls, vllm_config):
+                return stand_in.stock_page(A.config_dims(vllm_config))[1]
+
+        return Model
+
+    def install(self, monkeypatch) -> StandIn:
+        for mod in (self.gdn, self.custom_op, self.forward_context, self.kv, *self.model_modules.values()):
+            monkeypatch.setitem(sys.modules, mod.__name__, mod)
+        monkeypatch.setattr(A, "installed_version", lambda: f"{self.line}.0")
+        return self
+
+
+def vllm_config(*, tp=1, num_k_heads=2, num_v_heads=4, head_dim=8, num_spec=3, cache_mode=A.NO_MAMBA_CACHE):
+    """A VllmConfig as the plugin reads it (the attribute paths of vllm_adapter)."""
+    hf = types.SimpleNamespace(**dict(zip(A.CONFIG_HEADS.values(), (num_k_heads, num_v_heads, head_dim, head_dim))))
+    return types.SimpleNamespace(**{
+        A.MODEL_CONFIG: types.SimpleNamespace(**{A.HF_TEXT_CONFIG: hf}),
+        A.PARALLEL_CONFIG: types.SimpleNamespace(**{A.TP_SIZE: tp}),
+        A.SPECULATIVE_CONFIG: types.SimpleNamespace(**{A.NUM_SPECULATIVE_TOKENS: num_spec}),
+        "cache_config": types.SimpleNamespace(**{A.MAMBA_CACHE_MODE: cache_mode})})
