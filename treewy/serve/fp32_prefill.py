@@ -1,7 +1,7 @@
 """An fp32 prefill for vLLM's Qwen GDN layers, so that a model can be served with ``--dtype float32``.
 
 vLLM's Triton prefill (fla's ``chunk_gated_delta_rule``) asserts "does not support float32", so vLLM 0.26
-cannot start a GDN model in fp32 (measured on an H200, 2026-11-30). With ``TREEWY_FP32_PREFILL=1`` the plugin
+cannot start a GDN model in fp32 (seen on the GPU: benchmarks/results/vllm_h200_2026-11-30/session4_fp32/). With ``TREEWY_FP32_PREFILL=1`` the plugin
 replaces that prefill (``ChunkGatedDeltaRule.forward_native``, what ``--gdn-prefill-backend triton`` runs)
 by ``recurrent_prefill``: the gated delta rule token by token in the inputs' dtype (``treewy.ops.gdn.gdn_step``),
 every sequence of the varlen batch at once. It is exact and slow (one step per prompt token per layer, with a
