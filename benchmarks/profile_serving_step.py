@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 
 import treewy  # noqa: F401  (before triton: the interpreter switch where there is no GPU)
+from treewy.bench.registry import measure
 
 BATCHES = (1, 16, 32, 64, 128, 256)
 DIMS = dict(H=16, HV=32, K=128, V=128)
@@ -147,17 +148,6 @@ def chain_configs():
             for bv in (8, 16, 32) for w in (1, 2, 4) for rows in (1, 4)]
 
 
-def timed(fn, smoke):
-    """Median us of CUDA-graph replays; under --smoke one interpreted call (not a timing)."""
-    if smoke:
-        fn()
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e6
-    from treewy.bench.timing import bench
-    return bench(fn)
-
-
 def device_kernels(fn, smoke) -> list[tuple[str, float]]:
     """(kernel, device us) of one eager call, by the profiler (CUDA activity); under --smoke none."""
     if smoke:
@@ -184,13 +174,13 @@ def cmd_gdn(args) -> int:
         notes.append("store_all rows left out: vLLM's fused_sigmoid_gating not importable (PYTHONPATH=/tmp/site)")
     for B in batches:
         for name, fn in gdn_fns(B, dims, device, vllm_mod).items():
-            us = timed(fn, smoke)
+            us = measure(fn, smoke)
             rows.append(dict(B=B, step=name, us=us, kernels=device_kernels(fn, smoke), config="pinned"))
             print(f"B={B:4d} {name:36s} {us:9.1f} us", flush=True)
         for c in chain_configs()[:2] if smoke else chain_configs():
             tag = f"BV={c.kwargs['BV']} warps={c.num_warps} FOLD_ROWS={c.kwargs['FOLD_ROWS']}"
             try:
-                us = timed(gdn_fns(B, dims, device, None, config=c)["reconstruct spec step"], smoke)
+                us = measure(gdn_fns(B, dims, device, None, config=c)["reconstruct spec step"], smoke)
             except Exception as e:  # noqa: BLE001  (a config that does not compile is reported, not fatal)
                 notes.append(f"B={B} {tag}: {type(e).__name__}: {e}")
                 continue

@@ -414,20 +414,26 @@ def cmd_fault(args) -> int:
     return 0 if bad == 0 else 1
 
 
-def cmd_sweep(args) -> int:
+def dummy_35b_server(args, extra=(), **options):
+    """(the output folder, made; the server options) for the 35B architecture on dummy weights in one mode, after
+    the GPU-count check: max_num_seqs 256, MTP k = 3, the config exported to /tmp."""
     from treewy.serve.export import export_dummy
-    from treewy.serve.sweep import SweepConfig
 
     check_gpus(args.tp)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model_dir = str(export_dummy("qwen3.5-35b-a3b", f"/tmp/q35b-dummy-{args.mode}", max_len=args.max_model_len,
                                  overwrite=True))
-    server = ServeOptions(model=model_dir, tp=args.tp, gmu=args.gmu, num_speculative_tokens=3, max_num_seqs=256,
-                          port=args.port,
-                          max_model_len=args.max_model_len, acceptance=args.acceptance,
-                          cudagraph_max_size=args.graph_max_tokens,
-                          extra_args=VLLM_026_ARGS + ["--load-format", "dummy"] + compile_args(args.compile))
+    return out, ServeOptions(model=model_dir, tp=args.tp, gmu=args.gmu, num_speculative_tokens=3, max_num_seqs=256,
+                             port=args.port, max_model_len=args.max_model_len, acceptance=args.acceptance,
+                             extra_args=VLLM_026_ARGS + ["--load-format", "dummy", *extra] + compile_args(args.compile),
+                             **options)
+
+
+def cmd_sweep(args) -> int:
+    from treewy.serve.sweep import SweepConfig
+
+    out, server = dummy_35b_server(args, cudagraph_max_size=args.graph_max_tokens)
     cfg = SweepConfig(server=server, model_name="qwen3.5-35b-a3b", workloads=args.workloads.split(","),
                       modes=[args.mode], concurrencies=[int(c) for c in args.concurrency.split(",")],
                       num_prompts=args.num_prompts, prompts_per_concurrency=1,
@@ -446,18 +452,9 @@ def cmd_sweep(args) -> int:
 
 def cmd_acceptance(args) -> int:
     """The 35B architecture on dummy weights at the default acceptance, through bench-serve's driver (one mode)."""
-    from treewy.serve.export import export_dummy
     from treewy.serve.sweep import SweepConfig, load_checkpoint
 
-    check_gpus(args.tp)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model_dir = str(export_dummy("qwen3.5-35b-a3b", f"/tmp/q35b-dummy-{args.mode}", max_len=args.max_model_len,
-                                 overwrite=True))
-    server = ServeOptions(model=model_dir, tp=args.tp, gmu=args.gmu, num_speculative_tokens=3, max_num_seqs=256,
-                          port=args.port, max_model_len=args.max_model_len, acceptance=args.acceptance,
-                          extra_args=VLLM_026_ARGS + ["--load-format", "dummy", "--cudagraph-metrics"]
-                          + compile_args(args.compile))
+    out, server = dummy_35b_server(args, extra=["--cudagraph-metrics"])
     cfg = SweepConfig(server=server, model_name="qwen3.5-35b-a3b", workloads=[args.workload], modes=[args.mode],
                       concurrencies=[int(c) for c in args.concurrency.split(",")], num_prompts=args.num_prompts,
                       prompts_per_concurrency=1, out=out / f"acceptance_{args.mode}.parquet",
