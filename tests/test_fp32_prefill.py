@@ -10,10 +10,7 @@ import torch
 
 from treewy.ops import naive_tree_recurrent
 from treewy.serve import fp32_prefill, vllm_adapter
-
-
-def _normalized(x):
-    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+from treewy.testing import normalized
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -33,7 +30,7 @@ def test_varlen_batch_equals_the_recurrence_per_sequence(dtype):
     assert o.shape == v.shape and o.dtype == dtype and ht.shape == h0.shape and ht.dtype == torch.float32
     for b, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
         L = e - s
-        ref_o, states = naive_tree_recurrent(_normalized(q[:, s:e]), _normalized(k[:, s:e]), v[:, s:e], g[:, s:e],
+        ref_o, states = naive_tree_recurrent(normalized(q[:, s:e]), normalized(k[:, s:e]), v[:, s:e], g[:, s:e],
                                              beta[:, s:e], h0[b:b + 1], torch.arange(-1, L - 1))
         tol = 1e-12 if dtype == torch.float64 else 2e-5
         torch.testing.assert_close(o[:, s:e], ref_o, rtol=tol, atol=tol)
@@ -45,7 +42,7 @@ def test_varlen_batch_equals_the_recurrence_per_sequence(dtype):
 def test_dense_batch_without_cu_seqlens_and_no_final_state():
     torch.manual_seed(1)
     B, L, H, K, V = 2, 4, 1, 8, 8
-    q, k = _normalized(torch.randn(B, L, H, K)), _normalized(torch.randn(B, L, H, K))
+    q, k = normalized(torch.randn(B, L, H, K)), normalized(torch.randn(B, L, H, K))
     v, g, beta = torch.randn(B, L, H, V), -torch.rand(B, L, H), torch.rand(B, L, H)
     h0 = torch.randn(B, H, V, K)
     o, ht = fp32_prefill.recurrent_prefill(q, k, v, g, beta, h0, False, use_qk_l2norm_in_kernel=False)

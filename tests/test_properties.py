@@ -26,7 +26,7 @@ from treewy.ops import (
 )
 from treewy.ops.verify import KERNELS
 from treewy.ops.verify.kernel import tree_verify_fwd
-from treewy.testing import FP32_FACTOR, fp32_bound, rel_err
+from treewy.testing import FP32_FACTOR, fp32_bound, normalized, rel_err
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
@@ -156,16 +156,11 @@ def gdn_inputs(c: dict, T: int | None = None, gen: torch.Generator | None = None
     return ins, S
 
 
-def _normalized(x: torch.Tensor) -> torch.Tensor:
-    """Keys and queries as the kernels normalize them in-kernel."""
-    return x / (x.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()
-
-
 def as_ref(ins, dtype, l2norm: bool):
     """The inputs (already rounded to their own dtype) in the reference's dtype, keys normalized if asked."""
     q, k, v, g, beta = (x.to(dtype) for x in ins)
     if l2norm:
-        q, k = _normalized(q), _normalized(k)
+        q, k = normalized(q), normalized(k)
     return [q, k, v, g, beta]
 
 
