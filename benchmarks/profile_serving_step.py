@@ -240,6 +240,7 @@ def make_llm(args, trace_dir: Path):
     from vllm import LLM
 
     from treewy.serve.export import export_dummy
+    from treewy.serve.launcher_command import capture_grid
 
     model = export_dummy("qwen3.5-35b-a3b", Path(trace_dir) / "model", max_len=args.max_model_len)
     rates = [float(r) for r in args.acceptance_rates.split(",")]
@@ -248,6 +249,8 @@ def make_llm(args, trace_dir: Path):
     return LLM(model=str(model), load_format="dummy", language_model_only=True, gdn_prefill_backend="triton",
                skip_tokenizer_init=True, max_model_len=args.max_model_len, max_num_seqs=max(args.batches),
                gpu_memory_utilization=args.gmu, enable_prefix_caching=False, speculative_config=spec,
+               # every profiled step replays a full graph: the largest is max(batches) x (1 + k) tokens
+               compilation_config={"cudagraph_capture_sizes": capture_grid(max(args.batches) * T)},
                profiler_config={"profiler": "torch", "torch_profiler_dir": str(trace_dir / "traces"),
                                 "torch_profiler_with_stack": False, "torch_profiler_record_shapes": False,
                                 "torch_profiler_use_gzip": True})
@@ -308,6 +311,7 @@ def cmd_engine(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(mode=args.mode, device=dev, date=stamp(), torch=torch.__version__, steps=args.steps,
                 prompt_len=args.prompt_len, acceptance_rates=args.acceptance_rates, gmu=args.gmu,
+                cudagraph_max_size=max(args.batches) * T,
                 how="torch profiler in vLLM's engine core; kernel device time summed over the steps / steps")
     path = out / f"engine_{args.mode}_{dev}_{stamp()}.json"
     path.write_text(json.dumps(dict(meta=meta, batches=results), indent=1))
