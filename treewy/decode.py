@@ -12,7 +12,8 @@ the bonus token (the target's argmax at a, or its sample there), which is the ne
 The step loop launches the step's device work without host syncs (the tree is validated and put on
 the device once per ``generate``); the host waits for the device after the draft, once in verify
 (the longest committed prefix, which sizes the attention window), and after the commit, then reads
-the step's outcome in one transfer.
+the step's outcome in one transfer. On CUDA ``generate`` runs the same step as one replayed CUDA graph over
+static buffers instead (``graphs``, treewy/decode_graph.py); this loop stays the readable one.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.profiler import record_function
 
+from treewy import decode_graph
 from treewy.accept import greedy_fwd, sample_categorical, sampled_fwd, sibling_rank
 from treewy.drafters import make_drafter
 from treewy.models.backends import get_ops
@@ -148,7 +150,7 @@ def _check_prompts(prompts, vocab: int, context: int, max_new_tokens: int, T: in
 def generate(model, prompts, drafter=None, tree=(3, 3, 3), commit="reconstruct", max_new_tokens: int = 32,
              eos_token_id: int | None = None, backend: str = "auto", timing: str = "step",
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-             seed: int | None = None, rule: str = "match", progress=False) -> GenerateResult:
+             seed: int | None = None, rule: str = "match", progress=False, graphs="auto") -> GenerateResult:
     """Decoding of a batch of prompts (lists of token ids), speculative when ``drafter`` is given.
 
     drafter: None (plain decoding), "mtp", "ngram" or a Drafter; tree: branching factors such as
@@ -164,6 +166,11 @@ def generate(model, prompts, drafter=None, tree=(3, 3, 3), commit="reconstruct",
     "rrs_wor": children sampled from the drafter, with / without replacement; see treewy.accept);
     seed: the same seed reproduces a run on the same device. progress: True shows a tqdm bar over
     the tokens; a callable gets (tokens so far, most tokens) after every step.
+
+    graphs: "auto" (on CUDA with the Triton kernels and timing="step", each step one replayed CUDA graph over
+    static buffers; elsewhere this loop), True (captured, or a ValueError saying why not), "static" (the same
+    static-buffer step without capture: what the CPU checks it by) or False (this loop). Both give the same
+    tokens; see treewy.decode_graph.
     """
     if as_int(max_new_tokens) is None or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens = {max_new_tokens!r}: expected a positive integer")
@@ -198,9 +205,16 @@ def generate(model, prompts, drafter=None, tree=(3, 3, 3), commit="reconstruct",
     T = tr.num_nodes
     prompts = _check_prompts(prompts, vocab, spec.config.max_position_embeddings, max_new_tokens, T)
     B = len(prompts)
+    ops = get_ops(device, backend)
+    how = decode_graph.choose(graphs, device, ops, timing, B, None if sampling is None else sampling.rule)
+    if how is not None:
+        result = GenerateResult([], tree=tr if d is not None else None, commit=mode if d is not None else None,
+                                drafter=getattr(d, "name", None), sampling=sampling)
+        decode_graph.run(model, spec, prompts, d, tr, mode, sampling, max_new_tokens, eos_token_id, ops, how,
+                         progress, result)
+        return result
     capacity = max(len(p) for p in prompts) + max_new_tokens + T + 1
     cache = HybridCache.empty(spec, B, capacity, dtype, device)
-    ops = get_ops(device, backend)
     window = Window.of(tr, B, device)
 
     with record_function("treewy.prefill"):
