@@ -3,6 +3,7 @@ drafters, chains and trees, both commit modes, ragged prompts in a padded bucket
 buckets; engines reused across calls; padding rows inert; bad input named. GPU: the captured step against the
 eager loop, and no host sync inside a replay."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -202,3 +203,27 @@ def test_no_host_sync_inside_the_step(gpu_model, commit):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+def test_warmup_decodes_every_variant(model):
+    from treewy.decode_warmup import variants, warmup
+    assert len(variants()) == 2 + 2 * 2 * 2 * 13   # plain at 2 batches; 2 drafters x 13 trees x 2 modes x 2 batches
+    rows = warmup(model, batches=(2,), drafters=("ngram",), shapes=[(2, 1)], chains=[], modes=("reconstruct",),
+                  new_tokens=2, progress=False)
+    assert [(r["drafter"], r["tree"], r["B"]) for r in rows] == [("none", "None", 2), ("ngram", "(2, 1)", 2)]
+    assert all(r["seconds"] > 0 for r in rows)
+    with pytest.raises(ValueError, match=r"new_tokens = 1: expected an integer >= 2"):
+        warmup(model, new_tokens=1)
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--batch", "0"], r"--batch '0': expected positive integers"),
+    (["--drafters", "eagle"], r"--drafters 'eagle': expected mtp, ngram"),
+    (["--device", "tpu"], r"--device 'tpu': expected cuda or cpu"),
+])
+def test_warmup_command_bad_input(argv, match, capsys):
+    from treewy.cli import main
+    assert main(["warmup", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("treewy warmup: error: ") and "\n" not in err
+    assert re.search(match, err)
