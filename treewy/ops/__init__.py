@@ -1,4 +1,5 @@
-"""Tree verification ops, one folder per op (``verify/``, ``commit/``, ``conv/``, ``store_all/``), each with its
+"""Tree verification ops, one folder per op (``verify/``, ``commit/``, ``conv/``, ``store_all/``, ``tree_attention/``),
+each with its
 readable torch reference (``naive.py``) beside its Triton kernels (``kernel.py`` and, for verify, one file per
 kernel family).
 
@@ -14,6 +15,13 @@ from treewy.ops.commit import naive_tree_commit
 from treewy.ops.conv import naive_tree_conv1d, naive_tree_conv1d_commit
 from treewy.ops.gdn import gdn_step, gdn_step_textbook, path_cumsum
 from treewy.ops.store_all import naive_tree_recurrent
+from treewy.ops.tree_attention import (
+    merge_attention_states, naive_compact_accepted_kv, naive_tree_attention, naive_tree_attention_merged,
+)
+
+# The import above bound the folder ``tree_attention`` here; the name belongs to the op (the kernel, loaded on first
+# use by ``__getattr__``), so the binding goes. The folder stays importable by its full name (sys.modules).
+globals().pop("tree_attention")
 from treewy.ops.verify import (
     PendingCommit, naive_flush, naive_tree_step, naive_tree_verify, solve_forward, solve_neumann, tree_system,
 )
@@ -21,12 +29,14 @@ from treewy.ops.verify import (
 #: Each kernel name and the module that defines it (imported on first use: they need triton).
 _KERNELS = {
     "MAX_KERNEL_NODES": "treewy.ops.common",
+    "compact_accepted_kv": "treewy.ops.tree_attention.kernel",
     "flush_pending": "treewy.ops.verify.kernel",
     "store_all_commit": "treewy.ops.store_all.kernel",
     "store_all_verify": "treewy.ops.store_all.kernel",
     "tree_commit": "treewy.ops.commit.kernel",
     "tree_conv1d": "treewy.ops.conv.kernel",
     "tree_conv1d_commit": "treewy.ops.conv.kernel",
+    "tree_attention": "treewy.ops.tree_attention.kernel",
     "tree_verify": "treewy.ops.verify.kernel",
 }
 
@@ -42,10 +52,15 @@ def __getattr__(name: str):
 __all__ = [
     "MAX_KERNEL_NODES",
     "PendingCommit",
+    "compact_accepted_kv",
     "flush_pending",
     "gdn_step",
     "gdn_step_textbook",
+    "merge_attention_states",
+    "naive_compact_accepted_kv",
     "naive_flush",
+    "naive_tree_attention",
+    "naive_tree_attention_merged",
     "naive_tree_commit",
     "naive_tree_conv1d",
     "naive_tree_conv1d_commit",
@@ -57,6 +72,7 @@ __all__ = [
     "solve_neumann",
     "store_all_commit",
     "store_all_verify",
+    "tree_attention",
     "tree_commit",
     "tree_conv1d",
     "tree_conv1d_commit",
