@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from treewy import decode_graph  # noqa: E402
 from treewy.decode import generate  # noqa: E402
-from treewy.decode_graph import BUCKETS, Engine, batch_bucket, choose, context_bucket, engines  # noqa: E402
+from treewy.decode_graph import Engine, batch_bucket, choose, context_bucket, engines  # noqa: E402
 from treewy.models import load  # noqa: E402
 from treewy.models.tokenizer import encode  # noqa: E402
 from treewy.paper import SHAPES  # noqa: E402

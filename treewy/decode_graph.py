@@ -399,7 +399,9 @@ def drop_engines(model) -> None:
 
 def run(model, spec, prompts, drafter, tree, mode: str, sampling, max_new_tokens: int, eos_token_id, ops,
         how: str, progress, result) -> None:
-    """The decoding loop of ``generate`` over an engine: fills ``result`` (tokens, per-step stats)."""
+    """The decoding loop of ``generate`` over an engine: fills ``result`` (tokens, per-step stats). StepStat
+    times: step_ms the whole step (a host drafter's proposal, the step, its one read, the host's bookkeeping);
+    draft_ms only a host drafter's proposal (MTP drafts inside the step: 0); no phase times."""
     from treewy.decode import StepStat, _progress
 
     B = len(prompts)
