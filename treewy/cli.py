@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export-vllm": ("treewy.serve.cli_export", "write a checkpoint (or a dummy-weight config) in the layout vLLM serves"),
     "bench-serve": ("treewy.serve.cli_bench", "serving sweep with vllm bench serve: one tidy row per point"),
     "simulate": ("treewy.sim.cli", "simulated serving sweep: TreeWY / store-all ratio table (memory, admission, TTFT)"),
-    "warmup": ("treewy.decode_warmup", "decode a few tokens with every variant the lab runs: Triton kernels compiled and tuned once"),
+    "warmup": ("treewy.decode_warmup", "decode a few tokens in every variant the lab runs: kernels compiled and tuned once"),
     "lab": ("treewy.lab_command", "copy the notebooks into a folder (default ./treewy-lab) and open JupyterLab on 00"),
 }
 
