@@ -2,13 +2,14 @@
 
     python -m benchmarks.engine_step_gpu --out $OUT            # an H200: about 4-5 minutes, compilation included
     python -m benchmarks.engine_step_gpu --out /tmp/x --smoke  # the CPU: a toy model, the static step uncaptured
+    python -m benchmarks.engine_step_gpu --out /tmp/x --device cpu --deadline 1500   # the tiny checkpoint on a CPU
 
 1. Per-step wall and GPU time at B = 1 and B = 32 for plain decoding, the paper's chain (1, 1, 1) and the tree
    (3, 3, 3) (MTP drafts, reconstruct), each through the eager loop (``graphs=False``) and the captured step
    (``graphs=True``): wall = the median of StepStat.step_ms over a decode after a warm-up decode; GPU = the CUDA
    kernels' time in a torch.profiler trace of a third decode, per step; for a captured engine also the median
    of back-to-back graph replays timed by CUDA events. Both decodes must emit the same tokens (checked).
-   On the CPU (``--smoke``) the static step runs uncaptured and there is no GPU time.
+   On the CPU (``--device cpu``, ``--smoke``) the static step runs uncaptured and there is no GPU time.
 2. Notebook 04's acceptance sweep end to end (``treewy.experiments.acceptance.sweep``, as SweepPanel calls it:
    16 held-out prompts, 48 new tokens, the paper's shapes and chains k = 1..6, both modes, per drafter): cold
    (a fresh process with an empty Triton cache: compiling, autotuning, capturing), warm from disk (a second fresh
@@ -140,9 +141,9 @@ def _sweep_times(model, smoke: bool, repeats: int) -> list[float]:
 
 def sweep_runs(args, deadline: float) -> list[dict]:
     """Cold, warm from disk and warm in process (on the CPU: two runs in this process)."""
-    if args.smoke:
-        model = _model(True, "cpu", torch.float32)
-        cold, warm = _sweep_times(model, True, 2)
+    if args.smoke or args.device == "cpu":
+        model = _model(args.smoke, "cpu", getattr(torch, args.dtype))
+        cold, warm = _sweep_times(model, args.smoke, 2)
         return [dict(run="first in process", seconds=cold), dict(run="again in process", seconds=warm)]
     runs = []
     with tempfile.TemporaryDirectory() as cache:
@@ -193,6 +194,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="the CPU: a toy model, small sizes, no capture")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: the tiny checkpoint's eager and static (uncaptured) steps on this CPU")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights (notebooks: fp32)")
     ap.add_argument("--deadline", type=float, default=330.0, help="seconds; stages past it are skipped")
     ap.add_argument("--sweep-child", type=int, default=None, help=argparse.SUPPRESS)
@@ -202,16 +205,18 @@ def main(argv=None) -> int:
         times = _sweep_times(_model(False, "cuda", dtype), False, args.sweep_child)
         print("SWEEP_SECONDS", *times, flush=True)
         return 0
-    if not args.smoke and not torch.cuda.is_available():
-        print("engine_step_gpu: error: no CUDA device; run with --smoke on the CPU", file=sys.stderr)
+    device = "cpu" if args.smoke else args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        print("engine_step_gpu: error: no CUDA device; pass --device cpu (the tiny checkpoint) or --smoke",
+              file=sys.stderr)
         return 2
     deadline = time.time() + args.deadline
-    device = "cpu" if args.smoke else "cuda"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = _model(args.smoke, device, dtype)
     new = 4 if args.smoke else 48
-    rows = step_rows(model, args.smoke, (2,) if args.smoke else (1, 32), new, deadline - 150 * (not args.smoke))
+    rows = step_rows(model, args.smoke, (2,) if args.smoke else (1, 32), new,
+                     deadline - 150 * (device == "cuda"))   # on a GPU, leave the sweep's subprocesses their time
     del model
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -227,3 +227,10 @@ def test_warmup_command_bad_input(argv, match, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("treewy warmup: error: ") and "\n" not in err
     assert re.search(match, err)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a GPU")
+def test_benchmark_without_a_gpu_names_the_cpu_choices(bench_script, tmp_path, capsys):
+    mod = bench_script("engine_step_gpu")
+    assert mod.main(["--out", str(tmp_path)]) == 2
+    assert "--device cpu" in capsys.readouterr().err
