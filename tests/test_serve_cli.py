@@ -188,3 +188,102 @@ def test_serving_reads_the_tokenizer_without_the_models_package():
             "assert all(getattr(m, n) is getattr(t, n) for n in ('BOS', 'EOS', 'PAD', 'SPECIALS', 'VOCAB_SIZE', "
             "'encode', 'decode'))")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --tree: a fixed draft tree served through the plugin
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["store_all", "reconstruct"])
+@pytest.mark.parametrize("drafter", ["mtp", "ngram"])
+def test_tree_sets_n_drafts_the_plugin_and_graphs_for_n_plus_one(capsys, mode, drafter):
+    argv, env, out = _dry(capsys, "--model", "m", "--mode", mode, "--tree", "2,2,1", "--drafter", drafter)
+    spec = json.loads(_flag(argv, "--speculative-config"))
+    assert spec["method"] == drafter and spec["num_speculative_tokens"] == 10   # N = 2 + 4 + 4
+    assert ("prompt_lookup_max" in spec) == (drafter == "ngram")
+    assert "rejection_sample_method" not in spec          # vLLM's synthetic rates are per chain position
+    assert env["TREEWY_MODE"] == mode and env["TREEWY_TREE"] == "2,2,1" and env["VLLM_PLUGINS"] == "treewy"
+    assert "TREEWY_TREE_RATES" not in env                 # real weights: the drafts' own acceptance
+    assert _flag(argv, "--max-cudagraph-capture-size") == "2816"   # max_num_seqs x (N + 1) = 256 x 11
+    blocks = "N + 1 state blocks" if mode == "store_all" else "one state block"
+    assert any(line.startswith("# tree: (2, 2, 1), N = 10") and blocks in line for line in out)
+
+
+def test_tree_on_dummy_weights_passes_per_depth_rates_to_the_plugin(capsys):
+    _, env, out = _dry(capsys, "--model", "m", "--tree", "3,3,3", "--acceptance", "rates=0.9,0.7,0.5",
+                       "--", "--load-format", "dummy")
+    assert env["TREEWY_TREE_RATES"] == "0.9,0.7,0.5"
+    assert any("3.10 tokens/step" in line and "by depth" in line for line in out)
+    _, env, _ = _dry(capsys, "--model", "m", "--tree", "2,2", "--", "--load-format", "dummy")   # paper-35b by depth
+    assert len(env["TREEWY_TREE_RATES"].split(",")) == 2
+
+
+def test_chain_commands_are_unchanged_by_the_tree_option(capsys):
+    argv, env, _ = _dry(capsys, "--model", "m", "--mode", "store_all")
+    assert "TREEWY_TREE" not in env and "VLLM_PLUGINS" not in env
+    assert json.loads(_flag(argv, "--speculative-config")) == {"method": "mtp", "num_speculative_tokens": 3}
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--tree", "2,0,1"], r"--tree '2,0,1': width 2 \('0'\) is not a positive integer"),
+    (["--tree", "2,x"], r"width 2 \('x'\) is not a positive integer"),
+    (["--tree", ""], r"width 1 \(''\) is not a positive integer"),
+    (["--tree", "2,-1"], r"width 2 \('-1'\) is not a positive integer"),
+    (["--tree", "5,5,5"], r"more than 128 nodes"),
+    (["--tree", "2,2,1", "-k", "3"], r"-k 3 and --tree 2,2,1 disagree: the tree drafts N = 10 .* pass -k 10"),
+    (["--tree", "2,2,1", "--prefix-caching"], r"--tree 2,2,1 does not support prefix caching"),
+    (["--tree", "2,2,1", "--drafter", "eagle"], r"invalid choice: 'eagle'"),
+    (["--tree", "2,2,1", "--acceptance", "rates=0.9,0.5", "--", "--load-format", "dummy"],
+     r"2 rate\(s\) .* per depth, P\(accepted depth >= d\) for d = 1..3: give 3"),
+    (["--tree", "2,2", "--", "--speculative-config", "{}"], r"sets vLLM's --speculative-config itself"),
+])
+def test_bad_tree_options_are_one_line_errors(capsys, argv, match):
+    import re
+    try:
+        code = main(["serve", "--model", "m", "--dry-run", *argv])
+    except SystemExit as e:   # argparse's own refusals (choices) exit 2 too
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert re.search(match, err[-1]), err
+    if "invalid choice" not in match:
+        assert len(err) == 1 and err[0].startswith("treewy serve: error: ")
+
+
+def test_build_command_checks_the_tree_against_k():
+    with pytest.raises(ServeError, match="drafts N = 6 tokens per step, but num_speculative_tokens is 3"):
+        build_command(ServeOptions(model="m", tree=(2, 2)))
+    with pytest.raises(ServeError, match="expected one positive integer per level"):
+        build_command(ServeOptions(model="m", tree=(2, 0), num_speculative_tokens=2))
+    argv, env = build_command(ServeOptions(model="m", tree=(2, 2), num_speculative_tokens=6))
+    assert env["TREEWY_TREE"] == "2,2"
+
+
+def test_ngram_tree_needs_no_mtp_weights(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(support.fake_vllm_bin(tmp_path)))
+    bad = support.checkpoint(tmp_path, mtp_weights=False)
+    port = support.free_port()
+    with socket.socket() as s:   # the preflight gets past the MTP check and stops at the port
+        s.bind(("127.0.0.1", port))
+        s.listen(1)
+        assert main(["serve", "--model", str(bad), "--no-gpu-check", "--port", str(port), "--tree", "2,2",
+                     "--drafter", "ngram"]) == 2
+    assert f"port {port} on 127.0.0.1 is already in use" in capsys.readouterr().err
+
+
+def test_bench_serve_records_the_tree_in_every_row(tmp_path, monkeypatch):
+    import polars as pl
+    monkeypatch.setenv("PATH", str(support.fake_vllm_bin(tmp_path)) + os.pathsep + os.environ["PATH"])
+    out = tmp_path / "tree.parquet"
+    assert main(["bench-serve", "--model", str(support.checkpoint(tmp_path)), "--no-gpu-check",
+                 "--port", str(support.free_port()), "--workloads", "smoke", "--num-prompts", "4", "--out", str(out),
+                 "--device", "fake-h200", "--metrics-interval", "0.05", "--health-timeout", "30", "--no-progress",
+                 "--concurrency", "2", "--modes", "store_all,reconstruct", "--tree", "2,2,1",
+                 "--acceptance", "rates=0.9,0.6,0.3"]) == 0
+    df = pl.read_parquet(out)
+    assert df.height == 2 and df["error"].is_null().all()
+    assert (df["tree"] == "(2, 2, 1)").all() and (df["num_drafts"] == 10).all()
+    assert df["acceptance_rates"].to_list() == [[0.9, 0.6, 0.3]] * 2
+    # the fake accepts at most D = 3 drafts per step: vLLM's positions 3..9 stay 0, the per-depth rates are measured
+    assert all(len(r) == 3 for r in df["measured_acceptance_rates"].to_list())
+    assert (df["acceptance_length"] <= 4.0).all()

@@ -17,6 +17,9 @@ Knobs (environment): FAKE_VLLM_DIE_AFTER=N (the server exits after its N-th comp
 FAKE_VLLM_FAIL_START=1 (the server exits at once), FAKE_VLLM_CALL_LOG=path (one line per bench run),
 FAKE_VLLM_ACCEPT_SCALE=x (a faulty synthetic sampler: every conditional rate times x).
 TREEWY_MODE=reconstruct makes the fake KV pool 2.4x roomier per request, like the plugin.
+A served tree (TREEWY_TREE=W1,W2,..., k = its N drafts) accepts at most its depth D drafts per step, at
+TREEWY_TREE_RATES (D unconditional per-depth rates, the plugin's tree sampler) when set; vLLM's counters then count
+position d - 1 for depth d, and positions D..N - 1 stay 0.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class State:
         self.per_pos = [0.0] * 3
         self.k = 3
         self.conditional: list[float] | None = None  # synthetic sampler: conditional acceptance per position
+        self.depth: int | None = None  # a served tree's depth: the most drafts a step accepts
         self.per_req = 0.05 if mode == "reconstruct" else 0.12  # KV fraction one running request holds
 
 
@@ -82,6 +86,12 @@ def serve(argv: list[str]) -> int:
     elif "synthetic_acceptance_rates" in spec:
         print("ValueError: synthetic_acceptance_rates are only valid with rejection_sample_method='synthetic'.")
         return 1
+    if os.environ.get("TREEWY_TREE"):
+        st.depth = len(os.environ["TREEWY_TREE"].split(","))
+        if os.environ.get("TREEWY_TREE_RATES"):
+            rates = [float(x) for x in os.environ["TREEWY_TREE_RATES"].split(",")]
+            st.conditional = [p / q if q > 0 else 0.0 for p, q in zip(rates, [1.0, *rates[:-1]])]
+    print(f"INFO TREEWY_TREE={os.environ.get('TREEWY_TREE')}", flush=True)
     print(f"INFO speculative_config={json.dumps(spec)}, tensor_parallel_size={args.tensor_parallel_size}", flush=True)
     name = args.served_model_name or args.model
 
@@ -177,8 +187,9 @@ def serve(argv: list[str]) -> int:
 
 def speculate(st: State, n: int, prompt: str) -> None:
     """Count the speculative steps that emit a request's n tokens after its first (the prefill's)."""
+    most = st.k if st.depth is None else min(st.k, st.depth)
     if st.conditional is None:
-        rates = [REAL_RATES[i] if i < len(REAL_RATES) else 0.0 for i in range(st.k)]
+        rates = [REAL_RATES[i] if i < min(len(REAL_RATES), most) else 0.0 for i in range(st.k)]
         steps = (n - 1) / (1 + sum(rates))
         st.drafts += steps
         st.draft_tokens += steps * st.k
@@ -188,7 +199,7 @@ def speculate(st: State, n: int, prompt: str) -> None:
     rng, emitted = random.Random(prompt), 1
     while emitted < n:
         accepted = 0
-        while accepted < st.k and rng.random() < st.conditional[accepted]:
+        while accepted < min(most, len(st.conditional)) and rng.random() < st.conditional[accepted]:
             st.per_pos[accepted] += 1
             accepted += 1
         st.drafts += 1

@@ -3,6 +3,7 @@
     treewy serve --preset qwen3.5-35b-a3b --mode reconstruct --dry-run
     treewy serve --model /ckpt/Qwen3.5-35B-A3B --mode store_all --port 8001 -- --max-model-len 32768
     treewy serve --model /tmp/q35b-dummy --acceptance length=2.5 -- --load-format dummy
+    treewy serve --model /tmp/tiny-vllm --mode reconstruct --tree 2,2,1 --dry-run   # a fixed draft tree (N = 10)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from treewy.serve.launcher import (
     dummy_weights,
     format_command,
 )
+from treewy.serve.launcher_command import DRAFTERS, parse_tree
 from treewy.serve.presets import PRESETS, ServePreset
 from treewy.tree import STATE_MODES
 
@@ -36,7 +38,14 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--model", help="a Hugging Face id or a local checkpoint directory (needs MTP weights)")
     p.add_argument("--tp", type=int, help="tensor-parallel size (preset default, else 1)")
     p.add_argument("--gmu", type=float, help="gpu-memory-utilization (preset default, else 0.9)")
-    p.add_argument("-k", "--num-speculative-tokens", type=int, dest="k", help="MTP chain length (default 3)")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, dest="k",
+                   help="drafts per step: the chain length (default 3); with --tree, N = the tree's drafts")
+    p.add_argument("--tree", metavar="W1,W2,...",
+                   help="draft a fixed tree instead of a chain: the branching factor per level, e.g. 2,2,1 (N = 10 "
+                        "drafts); served through the plugin in either mode (store_all: N + 1 state blocks per "
+                        "request, reconstruct: one)")
+    p.add_argument("--drafter", choices=DRAFTERS, default="mtp",
+                   help="mtp: the checkpoint's MTP head (default); ngram: prompt lookup, no weights")
     p.add_argument("--max-num-seqs", type=int, help="vLLM --max-num-seqs (default 256)")
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--acceptance", metavar="FORM",
@@ -71,9 +80,16 @@ def options_from_args(args, mode: str) -> tuple[ServeOptions, str]:
     extra = [a for a in (getattr(args, "extra", None) or []) if a != "--"]
     over = dict(tp=args.tp, gmu=args.gmu, num_speculative_tokens=args.k, max_num_seqs=args.max_num_seqs,
                 max_model_len=args.max_model_len)
+    tree = parse_tree(args.tree) if args.tree is not None else None
+    if tree is not None:
+        n = sum(_level_sizes(tree))
+        if args.k is not None and args.k != n:
+            raise ServeError(f"-k {args.k} and --tree {args.tree} disagree: the tree drafts N = {n} tokens per step "
+                             f"and vLLM runs it as {n} drafts; drop -k (it follows the tree) or pass -k {n}")
+        over["num_speculative_tokens"] = n
     common = dict(mode=mode, prefix_caching=args.prefix_caching, host=args.host, port=args.port,
                   vllm=args.vllm, extra_args=extra, acceptance=args.acceptance,
-                  cudagraph_max_size=args.cudagraph_max_size)
+                  cudagraph_max_size=args.cudagraph_max_size, tree=tree, drafter=args.drafter)
     if args.preset:
         preset = ServePreset.from_name(args.preset)
         opts = ServeOptions.from_preset(preset, **over, **common)
@@ -89,20 +105,35 @@ def options_from_args(args, mode: str) -> tuple[ServeOptions, str]:
     return opts, args.model
 
 
+def _level_sizes(widths):
+    size = 1
+    for w in widths:
+        size *= w
+        yield size
+
+
 def describe(opts: ServeOptions) -> list[str]:
     """What the command asks of vLLM beyond its flags: the acceptance and the CUDA graphs."""
     plan = capture_plan(opts)
     graphs = (f"steps of up to {plan.max_size} tokens ({plan.why})" if plan.max_size else plan.why)
     eager = (f"; decode steps of up to {plan.needed} tokens are admitted, larger than {plan.max_size} run eagerly"
              if plan.eager_fallback_possible and plan.max_size else "")
-    return [f"acceptance: {acceptance_of(opts).describe()}", f"CUDA graphs: {graphs}{eager}"]
+    acc = acceptance_of(opts)
+    lines = [f"acceptance: {acc.describe()}" + (" by depth (the plugin's tree sampler)" if opts.tree and acc.synthetic
+                                                 else ""), f"CUDA graphs: {graphs}{eager}"]
+    if opts.tree:
+        lines.insert(0, f"tree: {tuple(opts.tree)}, N = {opts.num_speculative_tokens} drafts by {opts.drafter}, "
+                        + ("N + 1 state blocks per request" if opts.mode == "store_all" else "one state block per "
+                           "request"))
+    return lines
 
 
 def preflight(opts: ServeOptions, *, gpu_check: bool = True) -> str:
     """Every check that can fail before vLLM starts; returns the device name."""
     check_vllm_installed(opts.vllm)
     device = check_gpu(opts.tp) if gpu_check else "unchecked"
-    check_mtp_weights(opts.model, weights=not dummy_weights(opts))
+    if opts.drafter == "mtp":
+        check_mtp_weights(opts.model, weights=not dummy_weights(opts))
     check_port_free(opts.host, opts.port)
     return device
 

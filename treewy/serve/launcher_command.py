@@ -10,11 +10,20 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
+from treewy.ops.common import MAX_KERNEL_NODES
 from treewy.serve.acceptance import Acceptance, parse_acceptance
 from treewy.serve.presets import ServePreset
-from treewy.tree import STATE_MODES
+from treewy.tree import STATE_MODES, DraftTree
 
 PLUGIN_NAME = "treewy"
+
+#: Drafters a server may run (vLLM 0.26's speculative methods): the checkpoint's MTP head, or n-gram prompt lookup.
+DRAFTERS = ("mtp", "ngram")
+#: n-gram lookup lengths, as treewy.drafters.NgramDrafter uses them (longest match of up to 4 tokens, down to 1).
+NGRAM_LOOKUP = {"prompt_lookup_max": 4, "prompt_lookup_min": 1}
+#: The plugin's environment for a served tree (read by treewy.serve.tree_plugin): the widths, and the per-depth
+#: synthetic rates when the drafts are accepted at chosen rates.
+TREE_ENV, TREE_RATES_ENV = "TREEWY_TREE", "TREEWY_TREE_RATES"
 
 
 class ServeError(RuntimeError):
@@ -38,6 +47,8 @@ class ServeOptions:
     extra_args: list[str] = field(default_factory=list)
     acceptance: str | None = None        # treewy.serve.acceptance form; None: paper-35b on dummy weights, else none
     cudagraph_max_size: int | None = None  # largest step captured as a CUDA graph; None: max_num_seqs x (1 + k)
+    tree: tuple[int, ...] | None = None  # a fixed draft tree's branching factors; None: a chain of k
+    drafter: str = "mtp"                 # one of DRAFTERS
 
     @classmethod
     def from_preset(cls, preset: ServePreset, **overrides) -> ServeOptions:
@@ -94,12 +105,55 @@ def dummy_weights(opts: ServeOptions) -> bool:
     return extra_value(opts.extra_args, "--load-format") == "dummy"
 
 
+def parse_tree(text: str, flag: str = "--tree") -> tuple[int, ...]:
+    """Branching factors from ``W1,W2,...`` text: positive integers, at most MAX_KERNEL_NODES nodes in all (the verify
+    kernels' window and vLLM 0.26's largest spec length, MAX_SPEC_LEN = 128 drafts, both bound it)."""
+    parts = [p.strip() for p in str(text).split(",")]
+    widths = []
+    for i, p in enumerate(parts):
+        if not p.isdigit() or int(p) < 1:
+            raise ServeError(f"{flag} {text!r}: width {i + 1} ({p!r}) is not a positive integer; give the branching "
+                             "factor of every level, e.g. --tree 2,2,1 (N = 10 drafts)")
+        widths.append(int(p))
+    return check_tree(tuple(widths), flag)
+
+
+def check_tree(widths: tuple[int, ...], flag: str = "--tree") -> tuple[int, ...]:
+    if not widths or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
+        raise ServeError(f"{flag} {widths!r}: expected one positive integer per level, e.g. 2,2,1")
+    nodes, level = 1, 1
+    for w in widths:
+        level *= w
+        nodes += level
+        if nodes > MAX_KERNEL_NODES:
+            text = ",".join(map(str, widths))
+            raise ServeError(f"{flag} {text}: the tree has more than {MAX_KERNEL_NODES} nodes (root included: the "
+                             f"window of the verify kernels, and vLLM's largest spec length); lower a width or drop "
+                             "a level, e.g. 3,3,3 (40 nodes)")
+    return tuple(widths)
+
+
+def tree_of(opts: ServeOptions) -> DraftTree | None:
+    return None if opts.tree is None else DraftTree.from_widths(check_tree(tuple(opts.tree)))
+
+
+def acceptance_positions(opts: ServeOptions) -> int:
+    """How many rates an acceptance has: one per chain position, or for a tree one per depth (P(accepted depth
+    >= d), what treewy.serve.tree_spec.SyntheticAcceptance takes)."""
+    tree = tree_of(opts)
+    return opts.num_speculative_tokens if tree is None else tree.max_depth
+
+
 def acceptance_of(opts: ServeOptions) -> Acceptance:
-    """The acceptance the server is asked for (treewy.serve.acceptance), checked against its chain length."""
+    """The acceptance the server is asked for (treewy.serve.acceptance), checked against its chain length (a tree:
+    its depth)."""
     try:
-        return parse_acceptance(opts.acceptance, opts.num_speculative_tokens, dummy=dummy_weights(opts))
+        return parse_acceptance(opts.acceptance, acceptance_positions(opts), dummy=dummy_weights(opts))
     except ValueError as e:
-        raise ServeError(str(e)) from None
+        tree = tree_of(opts)
+        why = "" if tree is None else (f" (with --tree the rates are per depth, P(accepted depth >= d) for d = 1.."
+                                       f"{tree.max_depth}: give {tree.max_depth})")
+        raise ServeError(f"{e}{why}") from None
 
 
 #: vLLM 0.26's own capture-size names: flags of ``vllm serve`` and keys of its --compilation-config, mutually exclusive
@@ -234,6 +288,11 @@ def build_command(opts: ServeOptions) -> tuple[list[str], dict[str, str]]:
                              "(and a reverse proxy in front if the server must be reachable from elsewhere)")
     if opts.num_speculative_tokens < 1:
         raise ServeError(f"num_speculative_tokens = {opts.num_speculative_tokens}: MTP needs at least 1")
+    if opts.drafter not in DRAFTERS:
+        raise ServeError(f"drafter = {opts.drafter!r}: expected one of {', '.join(DRAFTERS)}")
+    tree = tree_of(opts)
+    if tree is not None:
+        _check_tree_options(opts, tree)
     if not 0 < opts.gmu <= 1:
         raise ServeError(f"gpu-memory-utilization = {opts.gmu}: expected a fraction in (0, 1]")
     if opts.mode == "reconstruct" and opts.prefix_caching:
@@ -244,8 +303,9 @@ def build_command(opts: ServeOptions) -> tuple[list[str], dict[str, str]]:
                       "CUDA graph; leave it out for max_num_seqs x (1 + k)")
     acceptance = acceptance_of(opts)
     plan = capture_plan(opts)
-    spec = {"method": "mtp", "num_speculative_tokens": opts.num_speculative_tokens,
-            **acceptance.speculative_config()}
+    spec = {"method": opts.drafter, "num_speculative_tokens": opts.num_speculative_tokens,
+            **(NGRAM_LOOKUP if opts.drafter == "ngram" else {}),
+            **(acceptance.speculative_config() if tree is None else {})}
     argv = [opts.vllm, "serve", opts.model,
             "--speculative-config", json.dumps(spec),
             "--gpu-memory-utilization", str(opts.gmu),
@@ -259,10 +319,30 @@ def build_command(opts: ServeOptions) -> tuple[list[str], dict[str, str]]:
         argv += ["--served-model-name", opts.served_model_name]
     argv += list(plan.flags)
     env = {"TREEWY_MODE": opts.mode}
-    if opts.mode == "reconstruct":
+    if opts.mode == "reconstruct" or tree is not None:  # stock vLLM drafts chains only: a tree needs the plugin
         env["VLLM_PLUGINS"] = PLUGIN_NAME
+    if tree is not None:
+        env[TREE_ENV] = ",".join(map(str, tree.widths))
+        if acceptance.synthetic:  # the plugin's tree sampler draws them; vLLM's synthetic rates are per chain position
+            env[TREE_RATES_ENV] = ",".join(repr(a) for a in acceptance.rates)
     argv += list(opts.extra_args)
     return argv, env
+
+
+def _check_tree_options(opts: ServeOptions, tree: DraftTree) -> None:
+    """A served tree runs as vLLM's chain of N = the tree's drafts: k must be N (so that vLLM reserves N + 1 slots
+    and sizes its graphs and GDN buffers for them); the tree's own hooks support no prefix caching and set the
+    speculative config themselves."""
+    n, text = tree.num_nodes - 1, ",".join(map(str, tree.widths))
+    if opts.num_speculative_tokens != n:
+        raise ServeError(f"--tree {text} drafts N = {n} tokens per step, but num_speculative_tokens is "
+                         f"{opts.num_speculative_tokens}: vLLM runs the tree as {n} drafts; drop -k or pass -k {n}")
+    if opts.prefix_caching:
+        raise ServeError(f"--tree {text} does not support prefix caching (the tree hooks keep mamba_cache_mode "
+                         "'none'); drop --prefix-caching")
+    if extra_value(opts.extra_args, "--speculative-config") is not None:
+        raise ServeError(f"--tree {text} sets vLLM's --speculative-config itself (method {opts.drafter!r}, {n} "
+                         "tokens); drop it from the extra vLLM arguments and use --drafter")
 
 
 def format_command(argv: list[str], env: dict[str, str]) -> str:

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from treewy.serve.acceptance import check_acceptance
-from treewy.serve.launcher_command import ServeError, ServeOptions, acceptance_of, capture_plan, dummy_weights
+from treewy.serve.launcher_command import (
+    ServeError, ServeOptions, acceptance_of, acceptance_positions, capture_plan, dummy_weights,
+)
 from treewy.workloads import CATALOGUE
 
 
@@ -126,13 +128,18 @@ class SweepConfig:
 
     def key(self, p: Point) -> str:
         return point_key(self.model_name, self.server.num_speculative_tokens, p.workload, p.mode, p.concurrency,
-                         p.request_rate)
+                         p.request_rate, self.server.tree)
 
 
-def point_key(model: str, k: int, workload: str, mode: str, concurrency, request_rate) -> str:
+def point_key(model: str, k: int, workload: str, mode: str, concurrency, request_rate, tree=None) -> str:
     """The checkpoint's key of a point; a table row has it as (model, num_drafts, workload, mode, concurrency,
-    request_rate)."""
-    return json.dumps([model, k, workload, mode, concurrency, request_rate])
+    request_rate) and, for a served tree, its widths (a chain's key is unchanged, so older checkpoints resume)."""
+    return json.dumps([model, k, workload, mode, concurrency, request_rate] + ([list(tree)] if tree else []))
+
+
+def tree_label(s: ServeOptions) -> str:
+    """The row's tree column: the served tree's widths, or a chain of k as (1, ..., 1)."""
+    return str(tuple(s.tree) if s.tree else (1,) * s.num_speculative_tokens)
 
 
 def bench_command(cfg: SweepConfig, p: Point, result_dir: Path, result_name: str) -> list[str]:
@@ -154,7 +161,7 @@ def _base_row(cfg: SweepConfig, p: Point) -> dict:
     s = cfg.server
     acc, plan = acceptance_of(s), capture_plan(s)
     return {"model": cfg.model_name, "gpu": cfg.device, "tp": s.tp, "gmu": s.gmu, "workload": p.workload,
-            "mode": p.mode, "tree": str((1,) * s.num_speculative_tokens), "num_drafts": s.num_speculative_tokens,
+            "mode": p.mode, "tree": tree_label(s), "num_drafts": s.num_speculative_tokens,
             "concurrency": p.concurrency, "request_rate": p.request_rate, "simulated": False,
             "device": cfg.device, "date": _dt.date.today().isoformat(), "max_num_seqs": s.max_num_seqs,
             "weights": "dummy" if dummy_weights(s) else "real", "acceptance_source": acc.source,
@@ -181,8 +188,13 @@ def row_from_result(cfg: SweepConfig, p: Point, result: dict, metrics) -> dict:
         else _float(result.get("spec_decode_acceptance_length")),
         "error": None,
     })
-    check = check_acceptance(acceptance_of(cfg.server), cfg.server.num_speculative_tokens, metrics.spec_drafts,
-                             metrics.spec_accepted_tokens, metrics.spec_accepted_per_pos, metrics.spec_draft_tokens)
+    n, k = acceptance_positions(cfg.server), cfg.server.num_speculative_tokens
+    per_pos, draft_tokens = metrics.spec_accepted_per_pos, metrics.spec_draft_tokens
+    if cfg.server.tree is not None:  # vLLM counts a tree's emitted tokens by position: position d - 1 is depth d
+        per_pos = None if per_pos is None else list(per_pos)[:n]
+        draft_tokens = None if draft_tokens is None else draft_tokens * n / k
+    check = check_acceptance(acceptance_of(cfg.server), n, metrics.spec_drafts, metrics.spec_accepted_tokens, per_pos,
+                             draft_tokens)
     row.update({"measured_acceptance_rates": None if check.rates is None else list(check.rates),
                 "acceptance_stderr": check.stderr, "acceptance_warning": check.warning})
     if (result.get("completed") or 0) == 0:
