@@ -35,6 +35,7 @@ KINDS = {
     "real_prompt_sweeps": True,     # the same on real prompt sets
     "temperature_sweeps": True,     # benchmarks/temperature_sweep.py
     "server_fits": False,           # fixed step costs fitted to a measured serving sweep (treewy.sim.calibrated)
+    "engine_steps": True,           # benchmarks/engine_step_gpu.py: the engine's decode step per device and path
 }
 
 
