@@ -134,6 +134,11 @@ def gdn_fns(B, dims, device, vllm_mod, config=None):
     sa_state = torch.randn(B * T + 1, dims["HV"], dims["V"], dims["K"], device=device) * 0.1
     fns = {"reconstruct spec step": lambda: vllm_spec_update(pools, **x, ssm_state_indices=own,
                                                              use_qk_l2norm_in_kernel=True, config=config),
+           # the same step with no accepted row to fold (num_accepted 0): what the fold costs; the stash is
+           # still read and rewritten, so every replay sees the same pool
+           "reconstruct spec step, no row to fold": lambda: vllm_spec_update(
+               pools, **{**x, "num_accepted_tokens": torch.zeros_like(x["num_accepted_tokens"])},
+               ssm_state_indices=own, use_qk_l2norm_in_kernel=True, config=config),
            "reconstruct flush, nothing pending": lambda: flush_slots(empty, own[:, 0])}
     if vllm_mod is not None:
         fns["store_all spec step"] = lambda: vllm_mod.fused_sigmoid_gating_delta_rule_update(
@@ -222,6 +227,8 @@ def gdn_text(meta, rows) -> str:
                      f"{best['us'] if best else float('nan'):12.1f}  "
                      f"{best['config'] if best else '-'}")
     lines.append("")
+    lines.append("spec step with no accepted row to fold (us): " + ", ".join(
+        f"B={r['B']} {r['us']:.1f}" for r in rows if r["step"].endswith("no row to fold")))
     lines.append("flush with nothing pending (us): " + ", ".join(
         f"B={r['B']} {r['us']:.1f}" for r in rows if r["step"].startswith("reconstruct flush")))
     lines.append("")
