@@ -258,3 +258,21 @@ def sampled_ref(parents: list[int], draft_tokens: list[int], p_target: torch.Ten
         if accepted is None:
             return path, int(sample_categorical(r, torch.tensor(draws[t], dtype=r.dtype)))
         path.append(accepted)
+
+
+def accept_draft(parents: torch.Tensor, max_depth: int, draft: torch.Tensor, logits: torch.Tensor, q_draft=None,
+                 sampling=None, width=None, rank=None):
+    """One window's acceptance as the engines run it: greedy against the target's argmax when ``sampling`` is None,
+    else ``sampling``'s rule on its warped logits with its uniforms (a ``treewy.sampling.params.Sampling``)."""
+    if sampling is None:
+        return greedy_fwd(parents, draft, logits.argmax(-1), max_depth)
+    coins, draws = sampling.uniforms(draft.shape, draft.device)
+    return sampled_fwd(parents, draft, sampling.warp(logits), q_draft, sampling.rule, coins, draws, max_depth,
+                       width, rank)
+
+
+def sampled_walk_tables(tree, rows: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """What ``sampled_fwd`` indexes with, built once per window shape: each node's rank among its siblings in
+    ``rows`` (the window's parents) and the tree's widest fan-out."""
+    kids = tree.parents.tolist()[1:]
+    return sibling_rank(rows), max((kids.count(p) for p in set(kids)), default=0)

@@ -25,7 +25,7 @@ import torch
 from torch.profiler import record_function
 
 from treewy import decode_graph
-from treewy.accept import greedy_fwd, sample_categorical, sampled_fwd, sibling_rank
+from treewy.accept import accept_draft, sample_categorical, sampled_walk_tables
 from treewy.drafters import make_drafter
 from treewy.models.backends import get_ops
 from treewy.models.cache import HybridCache
@@ -262,10 +262,7 @@ class _Loop:
     def __init__(self, spec, cache, ops, tree, window, mode, drafter, clock, sampling=None):
         self.spec, self.cache, self.ops, self.tree, self.window, self.mode = spec, cache, ops, tree, window, mode
         self.drafter, self.clock, self.sampling = drafter, clock, sampling
-        if sampling is not None:  # what the sampled walk indexes with, built once
-            self.rank = sibling_rank(window.rows)
-            kids = tree.parents.tolist()[1:]
-            self.width = max((kids.count(p) for p in set(kids)), default=0)
+        self.rank, self.width = sampled_walk_tables(tree, window.rows) if sampling is not None else (None, None)
         self.step_no = 0
         self.live, self.live_for = None, None
 
@@ -304,12 +301,8 @@ class _Loop:
         return acc.bonus
 
     def _accept(self, draft, logits, q_draft):
-        win, s = self.window, self.sampling
-        if s is None:
-            return greedy_fwd(win.rows, draft, logits.argmax(-1), win.max_depth)
-        coins, draws = s.uniforms(draft.shape, draft.device)
-        return sampled_fwd(win.rows, draft, s.warp(logits), q_draft, s.rule, coins, draws, win.max_depth,
-                           self.width, self.rank)
+        win = self.window
+        return accept_draft(win.rows, win.max_depth, draft, logits, q_draft, self.sampling, self.width, self.rank)
 
     def _live(self, done, device):
         """live [B] on the device, rebuilt only when a request finishes."""

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from treewy.accept import greedy_fwd, sample_categorical, sampled_fwd, sibling_rank
+from treewy.accept import accept_draft, sample_categorical, sampled_walk_tables
 from treewy.drafters import MTPDrafter, _TreePlan
 from treewy.models.cache import HybridCache, KVCache
 from treewy.models.hybrid import Window, prefill
@@ -209,11 +209,8 @@ class Engine:
             self.q_in = torch.zeros(rows, T, spec.config.vocab_size, device=device)
         self.mtp = _StaticMTP(spec, mtp_of(spec.model), tree, rows, capacity, dtype, device) if kind == "mtp" \
             else None
-        if self.sampled:
-            self.gen = torch.Generator(device)
-            self.rank = sibling_rank(self.window.rows)
-            kids = tree.parents.tolist()[1:]
-            self.width = max((kids.count(p) for p in set(kids)), default=0)
+        self.gen = torch.Generator(device) if self.sampled else None
+        self.rank, self.width = sampled_walk_tables(tree, self.window.rows) if self.sampled else (None, None)
         self.sampling = None
         self.transient_bytes = 0
         self.graph, self.outputs, self.warm = None, None, False
@@ -331,12 +328,8 @@ class Engine:
         return gdn_output(gdn, o, z, x.dtype)
 
     def _accept(self, draft, logits, q_draft):
-        win, s = self.window, self.sampling
-        if s is None:
-            return greedy_fwd(win.rows, draft, logits.argmax(-1), win.max_depth)
-        coins, draws = s.uniforms(draft.shape, draft.device)
-        return sampled_fwd(win.rows, draft, s.warp(logits), q_draft, s.rule, coins, draws, win.max_depth,
-                           self.width, self.rank)
+        win = self.window
+        return accept_draft(win.rows, win.max_depth, draft, logits, q_draft, self.sampling, self.width, self.rank)
 
     def _commit(self, acc):
         """treewy.models.hybrid.commit into the static buffers: conv states and the KV caches at once; the GDN
