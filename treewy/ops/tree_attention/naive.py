@@ -48,23 +48,38 @@ def _attend(q, k, v, mask, scale):
     return torch.einsum("hnl,lhd->nhd", p, v), lse.transpose(0, 1)
 
 
+def _per_request(attend, q, k_cache, v_cache, block_table, prefix_lens, cu_nodes, parents, scale):
+    """(o, lse) of ``attend(q_rows, k, v, P, parents, scale)`` run per request over its prefix + window K/V (the
+    window's own K/V at rows P:), in q's dtype; rows of empty requests and past cu_nodes[B] are o = 0, lse = -inf."""
+    dims, par = _check(q, k_cache, v_cache, block_table, prefix_lens, cu_nodes, parents)
+    scale = check_scale(scale, dims.D)
+    o = torch.zeros_like(q)
+    lse = torch.full(q.shape[:2], float("-inf"), dtype=q.dtype, device=q.device)
+    for rows, slots, P, p in _requests(dims, block_table, prefix_lens, cu_nodes, par):
+        if p.numel():
+            o[rows], lse[rows] = attend(q[rows], k_cache[slots].to(q.dtype), v_cache[slots].to(q.dtype), P, p, scale)
+    return o, lse
+
+
+def _masked(q, k, v, P, p, scale):
+    """One softmax over the prefix (all visible) and the window (ancestors-or-self)."""
+    mask = torch.cat([torch.ones(p.numel(), P, dtype=torch.bool, device=q.device), ancestor_mask(p)], dim=1)
+    return _attend(q, k, v, mask, scale)
+
+
+def _merged(q, k, v, P, p, scale):
+    """The prefix unmasked and the window under the ancestor mask apart, then merged by log-sum-exp."""
+    o_p, lse_p = _attend(q, k[:P], v[:P], torch.ones(p.numel(), P, dtype=torch.bool, device=q.device), scale)
+    o_w, lse_w = _attend(q, k[P:], v[P:], ancestor_mask(p), scale)
+    return merge_attention_states(o_p, lse_p, o_w, lse_w)
+
+
 def naive_tree_attention(q, k_cache, v_cache, block_table, prefix_lens, cu_nodes, parents, scale=None,
                          return_lse=False):
     """Each window node attends to its request's committed prefix and to its own ancestors in the window, itself
     included: one softmax over prefix + window under that mask. Returns o [total_nodes, Hq, D] in q's dtype (rows past
     cu_nodes[B] are 0), and with ``return_lse`` also the log-sum-exp of the scaled scores [total_nodes, Hq]."""
-    dims, par = _check(q, k_cache, v_cache, block_table, prefix_lens, cu_nodes, parents)
-    scale = check_scale(scale, dims.D)
-    dt = q.dtype
-    o = torch.zeros_like(q)
-    lse = torch.full(q.shape[:2], float("-inf"), dtype=dt, device=q.device)
-    for rows, slots, P, p in _requests(dims, block_table, prefix_lens, cu_nodes, par):
-        n = p.numel()
-        if n == 0:
-            continue
-        k, v = k_cache[slots].to(dt), v_cache[slots].to(dt)                       # [P + n, Hkv, D]
-        mask = torch.cat([torch.ones(n, P, dtype=torch.bool, device=q.device), ancestor_mask(p)], dim=1)
-        o[rows], lse[rows] = _attend(q[rows], k, v, mask, scale)
+    o, lse = _per_request(_masked, q, k_cache, v_cache, block_table, prefix_lens, cu_nodes, parents, scale)
     return (o, lse) if return_lse else o
 
 
@@ -82,19 +97,7 @@ def naive_tree_attention_merged(q, k_cache, v_cache, block_table, prefix_lens, c
     """The same attention in two parts merged by log-sum-exp: the prefix with no mask (what a paged attention
     backend computes for a query that sees the whole context), the window among itself under the inclusive
     ancestor mask, then ``merge_attention_states``. Equal to ``naive_tree_attention`` up to rounding."""
-    dims, par = _check(q, k_cache, v_cache, block_table, prefix_lens, cu_nodes, parents)
-    scale = check_scale(scale, dims.D)
-    dt = q.dtype
-    o = torch.zeros_like(q)
-    lse = torch.full(q.shape[:2], float("-inf"), dtype=dt, device=q.device)
-    for rows, slots, P, p in _requests(dims, block_table, prefix_lens, cu_nodes, par):
-        n = p.numel()
-        if n == 0:
-            continue
-        k, v = k_cache[slots].to(dt), v_cache[slots].to(dt)
-        o_p, lse_p = _attend(q[rows], k[:P], v[:P], torch.ones(n, P, dtype=torch.bool, device=q.device), scale)
-        o_w, lse_w = _attend(q[rows], k[P:], v[P:], ancestor_mask(p), scale)
-        o[rows], lse[rows] = merge_attention_states(o_p, lse_p, o_w, lse_w)
+    o, lse = _per_request(_merged, q, k_cache, v_cache, block_table, prefix_lens, cu_nodes, parents, scale)
     return (o, lse) if return_lse else o
 
 
