@@ -32,6 +32,8 @@ class ServerConfig:
     graph_max_tokens: int | None = None     # vLLM's max_cudagraph_capture_size (512 by default there): steps of
     graphs_decode_only: bool = False        # more tokens, or with a prefill chunk under FULL_DECODE_ONLY graphs,
     eager_step_s: float = 0.0               # run eagerly and cost this on top
+    prefill_request_s: float = 0.0          # per request with a prefill chunk in a step (its host-side setup)
+    prefill_token_s: float = 0.0            # per prefill token, beyond the roofline's price for it
     # vLLM 0.26 schedules step K + 1 before it reads step K's outputs (v1/engine/core.py step_with_batch_queue,
     # a batch queue of 2; "Asynchronous scheduling is enabled" in its log): what a step frees or sends is seen late
     async_scheduling: bool = True
