@@ -49,12 +49,13 @@ SERVING_SCHEMA: dict[str, pl.DataType] = {
     "cudagraph_max_size": pl.Int64,   # the largest step, in tokens, captured as a CUDA graph (0: none)
     "eager_fallback_possible": pl.Boolean,  # True when max_num_seqs x (1 + k) tokens exceeds cudagraph_max_size
     "compilation_config": pl.String,  # the --compilation-config JSON the server got (null: none passed)
+    "warmup_requests": pl.Int64,      # measured only: unmeasured requests sent before the point (--num-warmups)
 }
 
 #: Columns added after the first tables were written: read as null from older files.
 LATE_COLUMNS = ("max_num_seqs", "weights", "acceptance_source", "acceptance_rates", "expected_tokens_per_step",
                 "measured_acceptance_rates", "acceptance_stderr", "acceptance_warning", "cudagraph_max_size",
-                "eager_fallback_possible", "compilation_config")
+                "eager_fallback_possible", "compilation_config", "warmup_requests")
 
 
 def serving_frame(rows: list[dict]) -> pl.DataFrame:
