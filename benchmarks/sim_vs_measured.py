@@ -8,10 +8,13 @@ and max_num_seqs with acceptance fixed at the measured one (dummy weights accept
 (``treewy.sim.sweep.simulate_measured_point``), first with the assumed fixed costs (``ServerConfig``'s defaults), then fits
 ``measured TPOT - simulated TPOT = a + b x running requests`` by least squares over the points whose wave ran at
 once (decode steps only), then the extra cost of a step run without CUDA graphs (``eager_step_s``) over the
-other points, and simulates again with host_overhead_s += a, host_per_request_s = b and that eager cost. Prints and
-writes one table: measured, assumed, fitted; and the time to first token per point measured, then fitted with the
-old scheduler (it read every step's outputs at once: ``async_scheduling=False``), then fitted with vLLM 0.26's
-asynchronous scheduling (``treewy.sim.scheduler``), mean and p99.
+other points, and simulates again with host_overhead_s += a, host_per_request_s = b and that eager cost. Then the
+prefill costs that a wave's time to first token measures (``prefill_request_s`` per request with a prefill chunk in a
+step, ``prefill_token_s`` per prefill token) by least squares on the relative mean TTFT of the points
+``ttft_clean`` names (the others carry one-time costs or queueing: ``benchmarks/results/ttft_explained_2026-12-01.md``),
+and the eager cost again with them. Prints and writes one table: measured, assumed, fitted; and the time to first
+token per point measured, then SIMULATED with the fixed costs of the TPOT fit alone, then with the prefill costs too,
+mean and p99.
 """
 
 from __future__ import annotations
@@ -76,6 +79,40 @@ def bench_ttft(folder) -> dict:
     return out
 
 
+def ttft_clean(row) -> str | None:
+    """Why a measured point's time to first token cannot calibrate the prefill costs, or None when it can
+    (``benchmarks/results/ttft_explained_2026-12-01.md``): the first points each server ran paid one-time costs
+    (generation-short at 1 and 16 requests: compiles during inference, every request of the c16 wave waited 2-4.5 s),
+    generation-short at 32 ran third on a fresh server with no repeat to tell its share, and a point whose wave did
+    not run at once measures queueing behind finishing requests (the decode side, fitted on TPOT) instead."""
+    if row["workload"] == "generation-short" and row["concurrency"] <= 32:
+        return "first points of a fresh server (one-time costs)"
+    if row["peak_running"] < row["concurrency"]:
+        return "queued behind the pool (decode-bound)"
+    return None
+
+
+def fit_prefill(rows, gpu: str, server, rounds: int = 3) -> tuple[float, float]:
+    """(prefill_request_s, prefill_token_s) by least squares on the relative mean TTFT of ``rows`` (Gauss-Newton:
+    the TTFT of a wave is close to linear in both), kept >= 0."""
+    import numpy as np
+
+    x = np.zeros(2)
+    steps = np.array([1e-3, 1e-6])
+    meas = np.array([r["mean_ttft_ms"] for r in rows])
+
+    def ttft(v):
+        cfg = dataclasses.replace(server, prefill_request_s=float(v[0]), prefill_token_s=float(v[1]))
+        return np.array([s["mean_ttft_ms"] for s in simulate_like(rows, gpu, cfg)])
+
+    for _ in range(rounds):
+        base = ttft(x)
+        jac = np.stack([(ttft(x + np.eye(2)[i] * steps[i]) - base) / steps[i] for i in range(2)], 1)
+        dx, *_ = np.linalg.lstsq(jac / meas[:, None], (meas - base) / meas, rcond=None)
+        x = np.maximum(x + dx, 0.0)
+    return float(x[0]), float(x[1])
+
+
 def admitted_at_once(row) -> bool:
     """Whether every request of a measured point's wave ran at once (nothing queued behind the pool)."""
     return row["peak_running"] == min(row["concurrency"], row["max_num_seqs"])
@@ -109,10 +146,15 @@ def main(argv=None) -> int:
                                  host_per_request_s=b * 1e-3, graph_max_tokens=GRAPH_MAX_TOKENS,
                                  graphs_decode_only=True)
     queued = [r for i, r in enumerate(rows) if i not in fit]
-    eager = fit_eager_step(queued, args.gpu, graphs) if queued else 0.0
-    fitted = dataclasses.replace(graphs, eager_step_s=eager)
+    eager0 = fit_eager_step(queued, args.gpu, graphs) if queued else 0.0
+    tpot_only = dataclasses.replace(graphs, eager_step_s=eager0)
+    clean = [r for r in rows if ttft_clean(r) is None]
+    per_req, per_tok = fit_prefill(clean, args.gpu, tpot_only) if clean else (0.0, 0.0)
+    with_prefill = dataclasses.replace(graphs, prefill_request_s=per_req, prefill_token_s=per_tok)
+    eager = fit_eager_step(queued, args.gpu, with_prefill) if queued else 0.0
+    fitted = dataclasses.replace(with_prefill, eager_step_s=eager)
     second = simulate_like(rows, args.gpu, fitted)
-    before = simulate_like(rows, args.gpu, dataclasses.replace(fitted, async_scheduling=False))
+    before = simulate_like(rows, args.gpu, tpot_only)
     r0 = rows[0]
     lines = [f"Simulator vs measured: {r0['model']}, {r0['device']} ({r0['date']}, measured) vs '{args.gpu}' (SIMULATED), "
              f"gmu {r0['gmu']}, tp {r0['tp']}, max_num_seqs {assumed.max_num_seqs}, weights {r0['weights']}",
@@ -123,7 +165,11 @@ def main(argv=None) -> int:
              f"host_per_request_s 0 -> {fitted.host_per_request_s:.2e})",
              f"then, with steps of more than {GRAPH_MAX_TOKENS} tokens or with a prefill chunk run eagerly (the "
              "servers' max_cudagraph_capture_size and FULL_DECODE_ONLY graphs), the eager step's extra cost fitted "
-             f"over the {len(queued)} other points (least squares on log TPOT): eager_step_s {eager:.2e}", "",
+             f"over the {len(queued)} other points (least squares on log TPOT): eager_step_s {eager0:.2e}",
+             f"then the prefill costs over the {len(clean)} points whose TTFT is clean (least squares on relative mean "
+             f"TTFT; the others: {', '.join(sorted({ttft_clean(r) for r in rows} - {None}))}): "
+             f"prefill_request_s 0 -> {per_req:.2e}, prefill_token_s 0 -> {per_tok:.2e}",
+             f"and the eager step's extra cost again with them: eager_step_s {eager0:.2e} -> {eager:.2e}", "",
              "columns: measured / simulated with assumed fixed costs / simulated with fitted fixed costs; "
              "* = in the fit",
              "",
@@ -135,22 +181,23 @@ def main(argv=None) -> int:
                      f"{f('peak_running', 'd'):>14s} | "
                      f"{f('peak_kv_usage', '.2f'):>17s} | {f('mean_tpot_ms', '.1f'):>17s} | "
                      f"{f('output_throughput', '.0f'):>20s} | {f('p99_ttft_ms', '.0f'):>23s}")
-    lines += ["", "time to first token, ms: measured / SIMULATED with the old scheduler (every output read at once) / "
-              "SIMULATED with vLLM 0.26's asynchronous scheduling (outputs read two steps late); fitted fixed costs",
-              "", f"{'workload':18s} {'mode':11s} {'conc':>4s} | {'requests':>8s} | {'mean TTFT ms':>26s} | "
+    lines += ["", "time to first token, ms: measured / SIMULATED with the TPOT fit's fixed costs alone / SIMULATED with the "
+              "prefill costs too (the fitted server); c = clean, in the prefill fit; otherwise why not", "",
+              f"{'workload':18s} {'mode':11s} {'conc':>4s} | {'requests':>8s} | {'mean TTFT ms':>26s} | "
               f"{'p99 TTFT ms':>26s} | {'p99 measured / after':>20s}"]
     bench = bench_ttft(args.bench_dir) if args.bench_dir else {}
     if bench:
         lines[-1] += f" | {'measured median / std TTFT ms':>30s}"
     for r, b, a in zip(rows, before, second):
         f = lambda k: "/".join(format(x[k], ".0f") for x in (r, b, a))  # noqa: E731
-        line = (f"{r['workload']:18s} {r['mode']:11s} {r['concurrency']:4d} | "
+        why = ttft_clean(r)
+        line = (f"{r['workload']:18s} {r['mode']:11s} {r['concurrency']:4d}{' ' if why else 'c'}| "
                 f"{r['completed'] + (r['failed'] or 0):8d} | {f('mean_ttft_ms'):>26s} | {f('p99_ttft_ms'):>26s} | "
                 f"{r['p99_ttft_ms'] / a['p99_ttft_ms']:20.2f}")
         if bench:
             m = bench.get((r["workload"], r["mode"], r["concurrency"]))
             line += f" | {m[0]:>14.0f} / {m[1]:<13.0f}" if m else f" | {'-':>30s}"
-        lines.append(line)
+        lines.append(line + (f" | {why}" if why else ""))
     text = "\n".join(lines)
     print(text)
     if args.out:

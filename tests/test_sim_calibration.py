@@ -70,3 +70,24 @@ def test_tables_written_before_the_late_columns_still_load(tmp_path):
     df = load_measured(tmp_path)
     assert df.height == old.height and df.schema == pl.Schema(SERVING_SCHEMA)
     assert df["max_num_seqs"].is_null().all()
+
+
+def test_a_wave_sent_at_once_waits_for_its_prefill_step():
+    """TreeWY, generation-short, 128 requests sent at once: every request's first token waits for one prefill step
+    holding all 128 (measured TTFT spread 66 ms around 954); the fitted per-request and per-token prefill costs give
+    that step's length, the decode-step fit alone gives a fifth of it."""
+    r = next(r for r in _rows() if r["mode"] == "reconstruct" and r["concurrency"] == 128
+             and r["workload"] == "generation-short")
+    assert H200_VLLM026_DECODE_GRAPHS.prefill_request_s > 0 and H200_VLLM026_DECODE_GRAPHS.prefill_token_s > 0
+    unpriced = dataclasses.replace(H200_VLLM026_DECODE_GRAPHS, prefill_request_s=0.0, prefill_token_s=0.0)
+    assert _sim(r, unpriced)["mean_ttft_ms"] < 0.3 * r["mean_ttft_ms"]
+    assert abs(_sim(r, H200_VLLM026_DECODE_GRAPHS)["mean_ttft_ms"] / r["mean_ttft_ms"] - 1) < 0.1
+
+
+def test_clean_ttft_points_are_the_ones_the_explanation_names():
+    from benchmarks.sim_vs_measured import ttft_clean
+
+    clean = {(r["workload"], r["mode"], r["concurrency"]) for r in _rows() if ttft_clean(r) is None}
+    assert clean == {("generation-short", "reconstruct", 64), ("generation-short", "reconstruct", 128)} | {
+        ("summarize-short", m, c) for m in ("store_all", "reconstruct") for c in (1, 16, 32)} | {
+        ("summarize-short", "reconstruct", c) for c in (64, 128)}

@@ -9,8 +9,11 @@ it (decode-only CUDA graphs, no torch.compile), fitted to Qwen3.5-35B-A3B with d
 overheads come from the points whose wave ran at once; its eager-step cost from the points that queued, where a
 step with a prefill chunk or more tokens than the largest captured graph runs without graphs: why TreeWY's TPOT
 jumps once it admits more requests than a graph holds tokens for (a server that admits more requests needs a
-larger max_cudagraph_capture_size). The memory side needed no change. The fit holds with and without asynchronous
-scheduling (the fitted points are single waves, which it does not move).
+larger max_cudagraph_capture_size). Its prefill costs (per request with a prefill chunk in a step, per prefill token)
+come from the time to first token of the points that paid no one-time cost and did not queue
+(``benchmarks/results/ttft_explained_2026-12-01.md``): a wave sent at once waits for the prefill step that holds it,
+which costs a few ms per request more than the roofline and the decode-step fit priced; with them the eager-step cost
+was fitted again, and moved down. The memory side needed no change.
 """
 
 from __future__ import annotations

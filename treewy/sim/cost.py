@@ -22,9 +22,11 @@ flops / peak)`` on one GPU, and the parts add up:
 * draft: one MTP pass per tree level: the MTP layer's weights (experts touched by its tokens), the
   lm_head, and the MTP layer's KV.
 * overhead: a latency floor per layer per forward pass (kernels under CUDA graphs do not run at
-  the roofline when they are tiny), a host overhead per step and per running request, and a cost on top
+  the roofline when they are tiny), a host overhead per step and per running request, a cost on top
   for a step that runs without CUDA graphs (more tokens than the largest captured graph, or a prefill chunk
-  where only decode steps are captured): zero unless a calibrated server config says otherwise.
+  where only decode steps are captured), and a cost per request with a prefill chunk in the step and per prefill
+  token beyond the roofline (what a wave's time to first token measures): zero unless a calibrated server config
+  says otherwise.
 * all-reduce (tp > 1): two per layer of tokens x hidden bf16 over NVLink.
 
 Constants and where they come from: achievable bandwidth = 0.89 x spec (calibrated on one number:
@@ -175,6 +177,7 @@ class StepCost:
             b = self.mtp_dense_bytes + touched(dt) * self.expert_bytes + self.lm_head_bytes + self.mtp_kv_tok * decode_ctx
             t += max(b / bw, (self.flops_per_token / max(m.num_layers, 1) + self.lm_head_flops) * dt / fl) + s.layer_floor_s
         return (t + s.host_overhead_s + s.host_per_request_s * rows + s.layer_floor_s * m.num_layers
+                + s.prefill_request_s * n_prefill + s.prefill_token_s * prefill_tokens
                 + self.allreduce_s_per_token * tokens + s.eager_step_s * bool(self.eager(tokens, prefill_tokens)))
 
     def _touched_scalar(self, tokens) -> float:
@@ -217,5 +220,6 @@ class StepCost:
             f = (self.flops_per_token / max(m.num_layers, 1) + self.lm_head_flops) * dt
             t_draft = t_draft + np.maximum(b / self.bw, f / self.flops) + s.layer_floor_s
         overhead = (s.host_overhead_s + s.host_per_request_s * rows + s.layer_floor_s * m.num_layers
+                    + s.prefill_request_s * n_prefill + s.prefill_token_s * prefill_tokens
                     + s.eager_step_s * self.eager(tokens, prefill_tokens))
         return t_gemm + t_attn + t_gdn + t_draft + overhead + self.allreduce_s_per_token * tokens
