@@ -48,6 +48,8 @@ def test_sweep_writes_one_tidy_row_per_point_and_resumes(tmp_path, fake_env, cap
     assert (df["num_drafts"] == 3).all() and (df["tp"] == 1).all()
     rate_rows = df.filter(pl.col("request_rate").is_not_null())
     assert rate_rows.height == 2 and rate_rows["concurrency"].is_null().all()
+    # each point was preceded by one unmeasured wave: its concurrency, or for a rate point all its 6 requests
+    assert df.select(pl.coalesce("concurrency", pl.lit(6)) == pl.col("warmup_requests")).to_series().all()
     assert (df["output_throughput"] > 0).all() and (df["p99_ttft_ms"] >= df["mean_ttft_ms"] * 0.5).all()
     # the scraper saw the load: peaks, counters, acceptance = 1 + accepted / drafts (the fake emits 3.2)
     assert (df["peak_running"] >= 1).all() and (df["peak_kv_usage"] > 0).all() and (df["peak_kv_usage"] <= 1).all()
@@ -168,3 +170,25 @@ def test_sigterm_stops_the_server_it_started(tmp_path, fake_env):
     while healthy():
         assert time.monotonic() < deadline, "the server outlived the sweep that SIGTERM stopped"
         time.sleep(0.2)
+
+
+def test_each_point_sends_an_unmeasured_wave_at_its_concurrency_first(tmp_path):
+    """One-time costs (kernels compiled for a new batch shape during inference) land on the first requests of a
+    batch shape: the bench command of a point sends one unmeasured wave at the point's concurrency first
+    (vLLM 0.26 ``--num-warmups``) and keeps per-request times (``--save-detailed``)."""
+    from treewy.serve.launcher import ServeError, ServeOptions
+    from treewy.serve.sweep_points import Point, SweepConfig, bench_command
+
+    cfg = SweepConfig(server=ServeOptions(model="m"), model_name="m", workloads=["smoke"], modes=["reconstruct"],
+                      concurrencies=[128], request_rates=[4.0], num_prompts=64, prompts_per_concurrency=4)
+
+    def warmups(c):
+        argv = bench_command(c, Point("smoke", "reconstruct", 128), tmp_path, "x.json")
+        assert "--save-detailed" in argv
+        return int(argv[argv.index("--num-warmups") + 1]) if "--num-warmups" in argv else 0
+
+    assert warmups(cfg) == 128 and cfg.warmups(Point("smoke", "reconstruct", None, 4.0)) == 64
+    assert warmups(SweepConfig(**{**cfg.__dict__, "warmup_waves": 2})) == 256
+    assert warmups(SweepConfig(**{**cfg.__dict__, "warmup_waves": 0})) == 0
+    with pytest.raises(ServeError, match="warmup_waves = -1"):
+        SweepConfig(**{**cfg.__dict__, "warmup_waves": -1}).points()

@@ -91,6 +91,7 @@ class SweepConfig:
     max_restarts: int = 1
     seed: int = 0
     echo_server_log: bool = False
+    warmup_waves: int = 1                 # unmeasured waves sent before each point (``warmups``); 0: none
 
     def points(self) -> list[Point]:
         unknown = [w for w in self.workloads if w not in WORKLOADS]
@@ -108,6 +109,9 @@ class SweepConfig:
         if self.num_prompts < 1:
             raise ServeError(f"--num-prompts {self.num_prompts}: expected a positive number of requests per load "
                              "point, e.g. 200")
+        if isinstance(self.warmup_waves, bool) or not isinstance(self.warmup_waves, int) or self.warmup_waves < 0:
+            raise ServeError(f"warmup_waves = {self.warmup_waves!r}: expected 0 (no warm-up) or a positive number of "
+                             "unmeasured waves before each point, e.g. 1")
         if self.prompts_per_concurrency < 0:
             raise ServeError(f"--prompts-per-concurrency {self.prompts_per_concurrency}: expected 0 (off) or a "
                              "positive multiple of the concurrency")
@@ -125,6 +129,14 @@ class SweepConfig:
     def prompts(self, p: Point) -> int:
         """Requests sent at a load point."""
         return max(self.num_prompts, self.prompts_per_concurrency * (p.concurrency or 0))
+
+    def warmups(self, p: Point) -> int:
+        """Unmeasured requests sent before a point's measured run (``vllm bench serve --num-warmups``: copies of the
+        point's first request, at most --max-concurrency of them in flight): ``warmup_waves`` waves of the point's
+        concurrency, or for a rate point of as many as the server runs at once. The first steps of a batch shape
+        compile and tune kernels during inference; the warm-up pays that instead of the point's first requests."""
+        wave = p.concurrency if p.concurrency is not None else min(self.prompts(p), self.server.max_num_seqs)
+        return self.warmup_waves * wave
 
     def key(self, p: Point) -> str:
         return point_key(self.model_name, self.server.num_speculative_tokens, p.workload, p.mode, p.concurrency,
@@ -149,7 +161,9 @@ def bench_command(cfg: SweepConfig, p: Point, result_dir: Path, result_name: str
             *WORKLOADS[p.workload].bench_args(cfg.dataset_dir),
             "--num-prompts", str(cfg.prompts(p)), "--seed", str(cfg.seed),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "99",
-            "--save-result", "--result-dir", str(result_dir), "--result-filename", result_name]
+            "--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", result_name]
+    if cfg.warmups(p):
+        argv += ["--num-warmups", str(cfg.warmups(p))]
     if p.concurrency is not None:
         argv += ["--max-concurrency", str(p.concurrency)]
     if p.request_rate is not None:
@@ -166,7 +180,8 @@ def _base_row(cfg: SweepConfig, p: Point) -> dict:
             "device": cfg.device, "date": _dt.date.today().isoformat(), "max_num_seqs": s.max_num_seqs,
             "weights": "dummy" if dummy_weights(s) else "real", "acceptance_source": acc.source,
             "acceptance_rates": None if acc.rates is None else list(acc.rates),
-            "expected_tokens_per_step": acc.expected_tokens_per_step, "cudagraph_max_size": plan.max_size,
+            "expected_tokens_per_step": acc.expected_tokens_per_step, "warmup_requests": cfg.warmups(p),
+            "cudagraph_max_size": plan.max_size,
             "eager_fallback_possible": plan.eager_fallback_possible, "compilation_config": plan.compilation_config}
 
 
