@@ -1,0 +1,188 @@
+"""A CPU stand-in for vLLM 0.26's spec-decode loop with the plugin's tree hooks (treewy.serve.tree_plugin), on a
+treewy model: what vLLM owns (scheduling, paged KV and state pools, the model's projections, the prefill kernels,
+the MTP passes) is written here plainly; every tree-specific step is a hook call, in the order vLLM's runner makes it.
+
+Layouts as vLLM's: packed tokens (B windows of T), a paged KV cache per softmax layer [2, num_blocks, block_size,
+Hkv, D] with a shuffled block table, a conv pool [slots, C, W - 1 + N] and a state pool per GDN layer (reconstruct:
+one slot per request plus the stash; store-all: N + 1 blocks per request), slot 0 the NULL block. Requests stay in
+the batch until all finish (as ``treewy.decode.generate`` keeps them), advancing only while live.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from treewy.drafters import MTPDrafter
+from treewy.models.cache import HybridCache
+from treewy.models.hybrid import prefill
+from treewy.models.layers import _apply_rope, conv_weight, gdn_output, gdn_project, mlp, rope
+from treewy.models.spec import spec_of
+from treewy.serve import tree_plugin as hooks
+from treewy.serve.reconstruct import ReconstructPools
+from treewy.serve.tree_commit import slots_of
+from treewy.serve.tree_spec import TreeLayout
+
+
+class FakeTreeEngine:
+    def __init__(self, model, widths, mode: str, drafter: str, block_size: int = 16, seed: int = 0):
+        self.model, self.spec, self.mode, self.drafter = model, spec_of(model), mode, drafter
+        self.widths, self.block_size, self.gen = tuple(widths), block_size, torch.Generator().manual_seed(seed)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int):
+        """(tokens per request, per-step stats [(step, request, accepted node, length)]), greedy."""
+        spec, B = self.spec, len(prompts)
+        T = TreeLayout(self.widths).num_nodes
+        cap = max(len(p) for p in prompts) + max_new_tokens + T + 1
+        blocks_per_req = -(-cap // self.block_size)
+        order = torch.randperm(B * blocks_per_req, generator=self.gen) + 1           # block 0: vLLM's NULL block
+        self.block_table = order.reshape(B, blocks_per_req)
+        per_req = 1 if self.mode == "reconstruct" else T
+        slots = torch.randperm(B * per_req, generator=self.gen) + 1
+        self.state_idx = slots.reshape(B, per_req)                                    # spec_state_indices_tensor
+        n_slots = B * per_req + 1
+        self.serving = hooks.TreeServing(self.widths, self.mode, n_slots)
+        lay = self.serving.layout
+        self._pools(n_slots, B * blocks_per_req + 1, T)
+        hidden, logits = self._prefill(prompts, cap)
+        roots = logits.argmax(-1)
+        out = [[int(r)] for r in roots.tolist()]
+        done = [max_new_tokens <= 1 for _ in out]
+        d = None
+        if self.drafter == "mtp":   # vLLM's MTP passes (not a hook: the tree passes' override is not built yet)
+            d = MTPDrafter(self.model)
+            d.begin(self.model, prompts, hidden, [o[0] for o in out], capacity=cap + max_new_tokens + 1)
+        ctx = [list(p) + [o[0]] for p, o in zip(prompts, out)]
+        stats, step = [], 0
+        while not all(done):
+            if d is not None:
+                drafts = d.propose(lay.tree)[:, 1:]
+            else:
+                drafts = hooks.ngram_tree_drafts(ctx, lay)
+            acc, hid = self._step(roots, drafts)
+            live = torch.tensor([not x for x in done])
+            self._after(acc, live)
+            path = acc.path.clamp(min=0)
+            along = hid[torch.arange(B)[:, None], path]
+            emitted, path_hidden = [], []
+            for b in range(B):
+                n = int(acc.length[b])
+                toks = [int(t) for t in acc.output_token_ids[b, :n]]
+                lo = n - 1 if done[b] else 0
+                emitted.append(toks[lo:])
+                path_hidden.append(along[b, lo:n])
+                if done[b]:
+                    continue
+                stats.append((step, b, int(acc.accepted[b]), n))
+                for t in toks:
+                    out[b].append(t)
+                    ctx[b].append(t)
+                    if len(out[b]) >= max_new_tokens:
+                        done[b] = True
+                        break
+            if d is not None:
+                d.advance(emitted, path_hidden)
+            roots = acc.bonus
+            step += 1
+        return out, stats
+
+    def _pools(self, n_slots: int, n_blocks: int, T: int) -> None:
+        s, dt = self.spec, next(self.model.parameters()).dtype
+        self.kv = {i: torch.zeros(2, n_blocks, self.block_size, s.Hkv, s.D, dtype=dt) for i in s.attn_layers}
+        self.conv = {i: torch.zeros(n_slots, s.C, s.W - 1 + T - 1, dtype=dt) for i in s.gdn_layers}
+        if self.mode == "reconstruct":
+            self.gdn = {i: ReconstructPools.empty(n_slots, H=s.H, HV=s.HV, K=s.K, V=s.V, max_nodes=T)
+                        for i in s.gdn_layers}
+        else:
+            self.gdn = {i: torch.zeros(n_slots, s.HV, s.V, s.K) for i in s.gdn_layers}
+        self.conv_inputs: dict[int, torch.Tensor] = {}
+
+    def _prefill(self, prompts, cap):
+        """vLLM's prefill kernels' job, done by treewy's prefill: KV into the pages, the state into the request's
+        (first) slot, the conv inputs into columns 0..W - 2; nothing pending."""
+        s = self.spec
+        cache = HybridCache.empty(s, len(prompts), cap, next(self.model.parameters()).dtype, "cpu")
+        hidden, logits = prefill(s, cache, prompts, "cpu")
+        self.num_computed = cache.lens.clone().long()
+        first = self.state_idx[:, 0]
+        for i in s.gdn_layers:
+            state = cache.ssm[i][:, 0]
+            (self.gdn[i].state if self.mode == "reconstruct" else self.gdn[i])[first] = state
+            self.conv[i][first, :, : s.W - 1] = cache.conv[i]
+        for i in s.attn_layers:
+            for b, p in enumerate(prompts):
+                dst = slots_of(self.block_table[b:b + 1], torch.arange(len(p))[None], self.block_size)[0]
+                flat = self.kv[i].view(2, -1, s.Hkv, s.D)
+                flat[0, dst] = cache.kv[i].k[b, :, : len(p)].transpose(0, 1)
+                flat[1, dst] = cache.kv[i].v[b, :, : len(p)].transpose(0, 1)
+        hooks.reset_accepted(self.serving.slot_accepted, first)
+        return hidden, logits
+
+    def _step(self, roots, drafts):
+        """One spec step of B full windows: inputs, positions (hook), the forward with the tree hooks, the sampler."""
+        s, lay = self.spec, self.serving.layout
+        B, T = roots.shape[0], lay.num_nodes
+        tokens = torch.cat([roots[:, None], drafts.clamp(min=0)], 1).reshape(-1)    # vLLM feeds -1 drafts as 0
+        t = torch.arange(T)
+        positions = (self.num_computed[:, None] + t[None]).reshape(-1)              # the runner's num_computed + t
+        slot_mapping = slots_of(self.block_table, self.num_computed[:, None] + t[None], self.block_size).reshape(-1)
+        starts = torch.arange(B) * T
+        hooks.tree_positions(positions, starts, lay)
+        seq_lens = self.num_computed + T
+        cu = torch.arange(B + 1, dtype=torch.int32) * T
+        h = s.embed(tokens[None])
+        cos, sin = rope(s, h, positions[None])
+        for i, layer in enumerate(s.layers):
+            r, x = h, layer.input_layernorm(h)
+            if s.kinds[i] == "gdn":
+                x = self._gdn(i, layer.linear_attn, x, cu)
+            else:
+                x = self._attn(i, layer.self_attn, x, cos, sin, slot_mapping, seq_lens)
+            h = r + x
+            h = h + mlp(layer, layer.post_attention_layernorm(h))
+        h = s.norm(h)
+        logits = s.lm_head(h)[0]
+        acc = hooks.tree_rejection_sample(self.serving, drafts.reshape(-1), logits.float())
+        return acc, h[0].reshape(B, T, -1)
+
+    def _gdn(self, i, gdn, x, cu):
+        mixed, z, b, a = gdn_project(gdn, x)
+        self.conv_inputs[i] = mixed[0]
+        slots = self.state_idx[:, 0]
+        y = hooks.tree_conv(mixed[0], self.conv[i], conv_weight(gdn), gdn.conv1d.bias, slots, self.serving.layout)
+        q, k, v = torch.split(y, [gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
+        n = y.shape[0]
+        kw = dict(A_log=gdn.A_log, a=a[0], b=b[0], dt_bias=gdn.dt_bias, q=q.reshape(1, n, -1, gdn.head_k_dim),
+                  k=k.reshape(1, n, -1, gdn.head_k_dim), v=v.reshape(1, n, -1, gdn.head_v_dim), cu_seqlens=cu,
+                  ssm_state_indices=self.state_idx, num_accepted_tokens=None, use_qk_l2norm_in_kernel=True)
+        if self.mode == "reconstruct":
+            o, _ = hooks.tree_spec_update(self.gdn[i], self.serving, **kw)
+        else:
+            o, _ = hooks.store_all_tree_update(self.gdn[i], self.serving, **kw)
+        return gdn_output(gdn, o, z, x.dtype)
+
+    def _attn(self, i, attn, x, cos, sin, slot_mapping, seq_lens):
+        """The model's attention projections (vLLM's layer), the K/V written at the slot mapping (reshape_and_cache),
+        then the tree attention backend."""
+        n, D = x.shape[1], attn.head_dim
+        q, gate = torch.chunk(attn.q_proj(x).view(1, n, -1, 2 * D), 2, dim=-1)
+        q = _apply_rope(attn.q_norm(q).transpose(1, 2), cos, sin)[0].transpose(0, 1)          # [n, Hq, D]
+        k = _apply_rope(attn.k_norm(attn.k_proj(x).view(1, n, -1, D)).transpose(1, 2), cos, sin)[0].transpose(0, 1)
+        v = attn.v_proj(x).view(n, -1, D)
+        flat = self.kv[i].view(2, -1, *self.kv[i].shape[3:])
+        flat[0, slot_mapping], flat[1, slot_mapping] = k, v
+        o = hooks.tree_attention_spec(q.contiguous(), self.kv[i][0], self.kv[i][1], self.block_table, seq_lens,
+                                      self.serving.layout, attn.scaling)
+        return attn.o_proj(o.reshape(1, n, -1) * torch.sigmoid(gate.reshape(1, n, -1)))
+
+    def _after(self, acc, live) -> None:
+        """After the sampler, before the next forward: KV compaction, conv commit, the accepted node per slot, and
+        the scheduler's num_computed += length (live requests)."""
+        lay, s = self.serving.layout, self.spec
+        hooks.compact_tree_kv(list(self.kv.values()), lay, acc, self.num_computed, self.block_table, self.block_size,
+                              live)
+        slots = self.state_idx[:, 0]
+        for i in s.gdn_layers:
+            hooks.commit_tree_conv(self.conv[i], self.conv_inputs[i], slots, lay, acc.accepted)
+        hooks.record_accepted(self.serving.slot_accepted, slots, acc)
+        self.num_computed = self.num_computed + acc.length * live.long()
