@@ -4,6 +4,7 @@
     PYTHONPATH=/tmp/site:. python -m benchmarks.vllm_serve_gpu sweep --mode store_all --out DIR   # 35B dummy
     PYTHONPATH=/tmp/site:. python -m benchmarks.vllm_serve_gpu sweep --tp 2 --gmu 0.4 --mode reconstruct --out DIR
     PYTHONPATH=/tmp/site:. python -m benchmarks.vllm_serve_gpu acceptance --mode reconstruct --out DIR
+    PYTHONPATH=/tmp/site:. python -m benchmarks.vllm_serve_gpu tree-tiny --out DIR   # --tree served, both modes
 
 ``tiny``: exports treewy/models/tiny to vLLM's layout, then for each mode (store_all = stock vLLM,
 reconstruct = the treewy plugin) starts ``vllm serve`` (MTP k = 3, temperature 0, CUDA graphs on) and
@@ -475,6 +476,67 @@ def cmd_acceptance(args) -> int:
     return 1 if any(r.get("error") or r.get("acceptance_warning") for r in rows) or not rows else 0
 
 
+def cmd_tree_tiny(args) -> int:
+    """``tree-tiny``: the tiny checkpoint served with a fixed draft tree (``--tree``) per mode and tree, prompts at each
+    concurrency, temperature 0, fp32 with exact Triton dots; every output against ``treewy.decode.generate`` with the
+    same tree and MTP drafter and mode. Writes tree_tiny.json and tree_tiny.txt (one "N/N equal" line per run)."""
+    import torch
+
+    from treewy.decode import generate
+    from treewy.models import load
+    from treewy.models.corpus import heldout_prompts
+    from treewy.serve.export import export_vllm
+    from treewy.tree import DraftTree
+
+    check_gpus(1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = str(export_vllm(ROOT / "treewy/models/tiny", "/tmp/tiny-vllm", overwrite=True))
+    prompts = heldout_prompts(args.prompts, args.prompt_len, seed=0)
+    trees = [tuple(int(w) for w in t.split(",")) for t in args.trees]
+    report = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(0), "prompts": prompts,
+              "new_tokens": args.new_tokens, "runs": [], "lines": []}
+    env_extra = {"TREEWY_FP32_PREFILL": "1", "TRITON_F32_DEFAULT": "ieee"}   # fp32: equal up to real near-ties
+    model = load("tiny", dtype=torch.float32, device="cuda")
+    for tree in trees:
+        for mode in args.modes:
+            ref = [list(map(int, t)) for t in generate(model, prompts, drafter="mtp", tree=tree, commit=mode,
+                                                        max_new_tokens=args.new_tokens).tokens]
+            opts = ServeOptions(model=model_dir, mode=mode, gmu=0.3, max_num_seqs=max(args.concurrency),
+                                port=args.port, max_model_len=2048, served_model_name="tiny", tree=tree,
+                                num_speculative_tokens=DraftTree.from_widths(tree).num_nodes - 1,
+                                extra_args=VLLM_026_ARGS + ["--dtype", "float32"])
+            run = {"tree": list(tree), "mode": mode, "phases": {}}
+            try:
+                argv, env = build_command(opts)
+                tag = f"{mode}_{'-'.join(map(str, tree))}"
+                with VLLMServer(argv, {**env, **ENV_026, **env_extra}, opts.base_url,
+                                log_path=str(out / f"server_tree_{tag}.log"), echo=False) as srv:
+                    srv.wait_healthy(timeout=900)
+                    for c in args.concurrency:
+                        before = counters(opts.base_url)
+                        with ThreadPoolExecutor(c) as ex:
+                            outs = list(ex.map(lambda q: complete(opts.base_url, "tiny", q, args.new_tokens), prompts))
+                        equal = sum(a == b[:len(a)] for a, b in zip(outs, ref))
+                        run["phases"][f"c{c}"] = {"outputs": outs, "equal": equal,
+                                                  "counters": delta(before, counters(opts.base_url))}
+                        report["lines"].append(f"{mode} tree {tree} c{c}: {equal}/{len(ref)} equal to "
+                                               "treewy.decode.generate")
+            except Exception as e:  # noqa: BLE001 - recorded, the other runs go on
+                run["error"] = f"{type(e).__name__}: {e}"
+                report["lines"].append(f"{mode} tree {tree}: FAILED ({run['error']})")
+            log(report["lines"][-1])
+            report["runs"].append(run)
+            (out / "tree_tiny.json").write_text(json.dumps(report))
+    (out / "tree_tiny.txt").write_text("\n".join([f"tree-tiny {report['date']} on {report['device']}, "
+                                                   f"{len(prompts)} prompts x {args.new_tokens} new tokens, fp32, "
+                                                   "temperature 0", *report["lines"]]) + "\n")
+    print("\n".join(report["lines"]))
+    ok = all("error" not in r and all(p["equal"] == len(prompts) for p in r["phases"].values())
+             for r in report["runs"])
+    return 0 if ok else 1
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -531,6 +593,16 @@ def main(argv=None) -> int:
     f.add_argument("--mode", default="reconstruct", choices=("store_all", "reconstruct"))
     f.add_argument("--port", type=int, default=8031)
     f.add_argument("--compile", default="decode", choices=tuple(COMPILE))
+    tt = sub.add_parser("tree-tiny")
+    tt.add_argument("--out", required=True)
+    tt.add_argument("--prompts", type=int, default=40)
+    tt.add_argument("--prompt-len", type=int, default=64)
+    tt.add_argument("--new-tokens", type=int, default=48)
+    tt.add_argument("--trees", default="2,2,1;2,2,2;3,3,3", type=lambda s: s.split(";"),
+                    help="semicolon-separated trees, each its widths")
+    tt.add_argument("--modes", default="store_all,reconstruct", type=lambda s: s.split(","))
+    tt.add_argument("--concurrency", default="1,32", type=lambda s: [int(x) for x in s.split(",")])
+    tt.add_argument("--port", type=int, default=8051)
     c = sub.add_parser("compare")
     c.add_argument("--out", required=True, help="the merged report (json)")
     c.add_argument("reports", nargs="+")
@@ -538,7 +610,7 @@ def main(argv=None) -> int:
         sp.add_argument("--tp", type=int, default=1, help="vLLM's --tensor-parallel-size (that many visible GPUs)")
     args = p.parse_args(argv)
     return {"tiny": cmd_tiny, "sweep": cmd_sweep, "acceptance": cmd_acceptance, "fault": cmd_fault,
-            "compare": cmd_compare}[args.cmd](args)
+            "compare": cmd_compare, "tree-tiny": cmd_tree_tiny}[args.cmd](args)
 
 
 if __name__ == "__main__":

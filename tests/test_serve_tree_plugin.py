@@ -88,3 +88,13 @@ def test_tree_from_env():
 def test_bad_input_names_the_argument(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_the_plugin_refuses_a_tree_it_cannot_serve_yet(monkeypatch):
+    from treewy.serve import plugin
+    monkeypatch.setenv("TREEWY_TREE", "2,2,1")
+    monkeypatch.setenv("TREEWY_MODE", "store_all")
+    with pytest.raises(NotImplementedError, match="TREEWY_TREE=2,2,1: the tree hooks .* not yet installed into vLLM"):
+        plugin.register()
+    monkeypatch.delenv("TREEWY_TREE")
+    plugin.register()   # store_all without a tree: inert, as before

@@ -227,3 +227,66 @@ def test_fault_kills_only_the_engine_of_the_server_it_started(bench_script):
         decoy.kill()
         server.wait()
         decoy.wait()
+
+
+def test_tree_tiny_serves_every_tree_and_mode_and_reports_equal_lines(tmp_path, monkeypatch, bench_script):
+    """``tree-tiny``: one server per (tree, mode) with --tree's command (N drafts, TREEWY_TREE, the plugin, fp32 with
+    exact dots), the prompts at each concurrency, and one "N/N equal" line per run against generate's outputs."""
+    import torch
+
+    import treewy.decode
+    import treewy.models
+    import treewy.serve.export as export
+
+    mod = bench_script("vllm_serve_gpu")
+    monkeypatch.setattr(export, "export_vllm", lambda *a, **k: str(tmp_path / "model"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "fake GPU")
+    monkeypatch.setattr(mod, "check_gpus", lambda tp: None)
+    monkeypatch.setattr(treewy.models, "load", lambda *a, **k: "model")
+    refs = []
+
+    def generate(model, prompts, drafter, tree, commit, max_new_tokens):
+        refs.append((drafter, tree, commit))
+        return type("R", (), {"tokens": [[7, 8]] * len(prompts)})()
+
+    monkeypatch.setattr(treewy.decode, "generate", generate)
+    servers = []
+
+    class Server:
+        def __init__(self, argv, env, base_url, log_path, echo):
+            servers.append((argv, env))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def wait_healthy(self, timeout):
+            pass
+
+    monkeypatch.setattr(mod, "VLLMServer", Server)
+    monkeypatch.setattr(mod, "counters", lambda url: {"drafts": 0})
+    monkeypatch.setattr(mod, "delta", lambda a, b: {"drafts": 0})
+    # the reconstruct server of (2, 2) differs on one prompt: its run is not all equal
+    monkeypatch.setattr(mod, "complete", lambda url, m, p, n: [7, 9] if servers[-1][1]["TREEWY_MODE"] == "reconstruct"
+                        and servers[-1][1]["TREEWY_TREE"] == "2,2" and p is prompts_seen[0] else [7, 8])
+    prompts_seen = []
+    monkeypatch.setattr("treewy.models.corpus.heldout_prompts",
+                        lambda n, L, seed: prompts_seen.extend([[1, 2, 3 + i] for i in range(n)]) or prompts_seen)
+    assert mod.main(["tree-tiny", "--out", str(tmp_path), "--prompts", "3", "--trees", "2,2,1;2,2",
+                     "--concurrency", "1,2"]) == 1
+    assert refs == [("mtp", t, m) for t in ((2, 2, 1), (2, 2)) for m in ("store_all", "reconstruct")]
+    for (argv, env), tree, n in zip(servers, ["2,2,1", "2,2,1", "2,2", "2,2"], [10, 10, 6, 6]):
+        assert json.loads(argv[argv.index("--speculative-config") + 1]) == {"method": "mtp",
+                                                                             "num_speculative_tokens": n}
+        assert env["TREEWY_TREE"] == tree and env["VLLM_PLUGINS"] == "treewy"
+        assert env["TREEWY_FP32_PREFILL"] == "1" and env["TRITON_F32_DEFAULT"] == "ieee"
+        assert argv[argv.index("--dtype") + 1] == "float32"
+    lines = (tmp_path / "tree_tiny.txt").read_text().splitlines()
+    assert lines[0].startswith("tree-tiny ") and "fake GPU" in lines[0] and "3 prompts x 48 new tokens" in lines[0]
+    assert lines[1:] == [f"{m} tree {t} c{c}: {'2' if (m, t) == ('reconstruct', (2, 2)) else '3'}/3 equal to "
+                         "treewy.decode.generate" for t in ((2, 2, 1), (2, 2)) for m in ("store_all", "reconstruct")
+                         for c in (1, 2)]
+    report = json.loads((tmp_path / "tree_tiny.json").read_text())
+    assert len(report["runs"]) == 4 and report["runs"][0]["tree"] == [2, 2, 1]

@@ -42,6 +42,19 @@ def enabled() -> bool:
     return os.environ.get("TREEWY_MODE", "store_all") == "reconstruct"
 
 
+def check_tree_not_requested() -> None:
+    """A served tree (TREEWY_TREE, ``treewy serve --tree``) needs the hooks of ``tree_plugin`` inside vLLM's proposer,
+    sampler, runner and attention backend, which ``register()`` does not install yet: refuse instead of serving the
+    tree's N DFS-ordered drafts as one chain, which vLLM would verify wrongly."""
+    from treewy.serve.tree_plugin import tree_from_env
+
+    tree = tree_from_env()
+    if tree is not None:
+        raise NotImplementedError(f"TREEWY_TREE={','.join(map(str, tree[0]))}: the tree hooks "
+                                  "(treewy.serve.tree_plugin) are built and tested against a stand-in engine but not "
+                                  "yet installed into vLLM; serve a chain (drop --tree)")
+
+
 def speculative_blocks(num_spec: int) -> int:
     """Blocks a reconstruct request holds beyond its one state block: none, or with ``TREEWY_EQUAL_BLOCKS=1``
     store-all's ``num_spec``, unused. That gives back the memory the mode saves; it exists so that a test can run
@@ -72,6 +85,7 @@ def register() -> None:
     """vLLM general-plugin entry point; re-entrant (vLLM may call it several times per process)."""
     if fp32_prefill.requested():  # either mode: the fp32 equality check (see fp32_prefill)
         fp32_prefill.install()
+    check_tree_not_requested()
     if not enabled():
         return
     version = adapter.installed_version()
