@@ -73,3 +73,10 @@ def test_lab_sets_up_without_vl_convert():
                      "print(TreePanel(widths=(2,)).error)", hide_triton=False)
     lines = [line.replace("\x1b[2K", "") for line in out.splitlines()]
     assert "no: vl-convert-python is not installed, so charts load Vega from the internet" in lines and "None" in lines
+
+
+def test_the_launcher_s_node_limit_is_the_kernels():
+    """treewy.serve checks --tree against tree.MAX_NODES without importing Triton: it must be the kernels' limit."""
+    from treewy.ops import MAX_KERNEL_NODES
+    from treewy.serve.launcher_command import MAX_KERNEL_NODES as serve_limit
+    assert serve_limit == MAX_KERNEL_NODES

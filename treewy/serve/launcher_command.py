@@ -10,9 +10,9 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from treewy.ops.common import MAX_KERNEL_NODES
 from treewy.serve.acceptance import Acceptance, parse_acceptance
 from treewy.serve.presets import ServePreset
+from treewy.tree import MAX_NODES as MAX_KERNEL_NODES  # the kernels' window (treewy.ops.MAX_KERNEL_NODES), without Triton
 from treewy.tree import STATE_MODES, DraftTree
 
 PLUGIN_NAME = "treewy"
