@@ -1,4 +1,4 @@
-"""Tree attention for the softmax layers' verify (``treewy.ops.tree_attention``) on a GPU, at the 35B-A3B's
+"""Tree attention for the softmax layers' verify (``treewy.ops.attention``) on a GPU, at the 35B-A3B's
 full-attention sizes (D = 256, 16 query heads, 2 KV heads, bf16, block size 16): the kernel beside the torch
 reference and beside torch SDPA with a dense mask over K/V gathered beforehand; and the accepted path's compaction.
 

@@ -1,4 +1,4 @@
-"""The tree attention op folder (treewy/ops/tree_attention): the softmax layers' verify over a paged KV cache, and the
+"""The tree attention op folder (treewy/ops/attention): the softmax layers' verify over a paged KV cache, and the
 compaction of the accepted path's K/V, kernels against their fp64 references; the references' own claims (a chain is
 causal attention, the LSE merge of prefix and window is the one masked softmax); bad input at the door. GPU tests
 (marked ``gpu``) repeat the parity at the 35B-A3B's attention sizes and replay both ops from a CUDA graph.

@@ -1,7 +1,6 @@
-"""Tree verification ops, one folder per op (``verify/``, ``commit/``, ``conv/``, ``store_all/``, ``tree_attention/``),
-each with its
-readable torch reference (``naive.py``) beside its Triton kernels (``kernel.py`` and, for verify, one file per
-kernel family).
+"""Tree verification ops, one folder per op (``verify/``, ``commit/``, ``conv/``, ``store_all/``, ``attention/``),
+each with its readable torch reference (``naive.py``) beside its Triton kernels (``kernel.py`` and, for verify, one
+file per kernel family).
 
 The references need only torch and are imported with the package. The kernels need triton and are imported on
 first use (``treewy.ops.tree_verify`` and friends: the module ``__getattr__`` below), so the torch engine works
@@ -11,17 +10,13 @@ variable is already set), so the kernels run on CPU tensors there.
 
 from importlib import import_module
 
+from treewy.ops.attention import (
+    merge_attention_states, naive_compact_accepted_kv, naive_tree_attention, naive_tree_attention_merged,
+)
 from treewy.ops.commit import naive_tree_commit
 from treewy.ops.conv import naive_tree_conv1d, naive_tree_conv1d_commit
 from treewy.ops.gdn import gdn_step, gdn_step_textbook, path_cumsum
 from treewy.ops.store_all import naive_tree_recurrent
-from treewy.ops.tree_attention import (
-    merge_attention_states, naive_compact_accepted_kv, naive_tree_attention, naive_tree_attention_merged,
-)
-
-# The import above bound the folder ``tree_attention`` here; the name belongs to the op (the kernel, loaded on first
-# use by ``__getattr__``), so the binding goes. The folder stays importable by its full name (sys.modules).
-globals().pop("tree_attention")
 from treewy.ops.verify import (
     PendingCommit, naive_flush, naive_tree_step, naive_tree_verify, solve_forward, solve_neumann, tree_system,
 )
@@ -29,14 +24,14 @@ from treewy.ops.verify import (
 #: Each kernel name and the module that defines it (imported on first use: they need triton).
 _KERNELS = {
     "MAX_KERNEL_NODES": "treewy.ops.common",
-    "compact_accepted_kv": "treewy.ops.tree_attention.kernel",
+    "compact_accepted_kv": "treewy.ops.attention.kernel",
     "flush_pending": "treewy.ops.verify.kernel",
     "store_all_commit": "treewy.ops.store_all.kernel",
     "store_all_verify": "treewy.ops.store_all.kernel",
     "tree_commit": "treewy.ops.commit.kernel",
     "tree_conv1d": "treewy.ops.conv.kernel",
     "tree_conv1d_commit": "treewy.ops.conv.kernel",
-    "tree_attention": "treewy.ops.tree_attention.kernel",
+    "tree_attention": "treewy.ops.attention.kernel",
     "tree_verify": "treewy.ops.verify.kernel",
 }
 

@@ -145,10 +145,10 @@ def tree_attention_spec(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     cu = (torch.arange(B + 1, device=q.device) * T).to(torch.int32)
     parents = layout.parents32[None].expand(B, -1)
     if q.is_cuda:
-        from treewy.ops.tree_attention.kernel import tree_attention
+        from treewy.ops.attention.kernel import tree_attention
         return tree_attention(q, k_cache, v_cache, block_table.to(torch.int32), prefix, cu, parents, scale,
                               max_nodes=T)
-    from treewy.ops.tree_attention.naive import naive_tree_attention
+    from treewy.ops.attention.naive import naive_tree_attention
     return naive_tree_attention(q, k_cache, v_cache, block_table, prefix, cu, parents, scale)
 
 

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from treewy.ops._triton import INTERPRET, is_capturing
 from treewy.ops.checks import check_finite, check_kernel_device, check_kernel_dtype, check_scale
-from treewy.ops.tree_attention.checks import (
+from treewy.ops.attention.checks import (
     INDEX_DTYPE, check_compact, check_index_values, check_parents_layout, paged_dims,
 )
 from treewy.tree import as_int

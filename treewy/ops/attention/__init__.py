@@ -2,7 +2,7 @@
 K/V. ``naive.py`` holds the references; the kernels (``kernel.py``: ``tree_attention``, ``compact_accepted_kv``)
 need triton and are imported on first use through ``treewy.ops``. README.md says what they compute and how."""
 
-from treewy.ops.tree_attention.naive import (
+from treewy.ops.attention.naive import (
     merge_attention_states, naive_compact_accepted_kv, naive_tree_attention, naive_tree_attention_merged,
 )
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from treewy.ops.checks import check_finite, check_scale
-from treewy.ops.tree_attention.checks import check_compact, check_index_values, check_parents_layout, paged_dims
+from treewy.ops.attention.checks import check_compact, check_index_values, check_parents_layout, paged_dims
 from treewy.tree import ancestor_mask
 
 
