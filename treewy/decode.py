@@ -26,6 +26,7 @@ from torch.profiler import record_function
 
 from treewy import decode_graph
 from treewy.accept import accept_draft, sample_categorical, sampled_walk_tables
+from treewy.decode_records import StepStat, progress_reporter
 from treewy.drafters import make_drafter
 from treewy.models.backends import get_ops
 from treewy.models.cache import HybridCache
@@ -36,22 +37,6 @@ from treewy.sampling.params import Sampling, sampling_of
 from treewy.tree import DraftTree, short_repr, as_int, as_tree
 
 COMMIT_MODES = ("reconstruct", "store_all")
-
-
-@dataclass
-class StepStat:
-    step: int
-    request: int
-    accepted: int            # the committed node
-    length: int              # tokens emitted this step = depth(accepted) + 1
-    gdn_state_bytes: int     # GDN state blocks held by this request after the step, all GDN layers
-    transient_bytes: int     # per request during the step: U (reconstruct) or the snapshots (store_all)
-    step_ms: float           # wall time of the batch step: draft + verify + accept + commit + host bookkeeping
-    draft_ms: float          # the drafter's proposal (ends with a device sync)
-    host_ms: float = 0.0     # host bookkeeping after the device work (emitted tokens, the drafter's advance)
-    verify_ms: float | None = None  # the model forward over the window (timing="phases" only)
-    accept_ms: float | None = None  # acceptance (timing="phases" only)
-    commit_ms: float | None = None  # cache commit (timing="phases" only; reconstruct's GDN commit runs in verify)
 
 
 PHASES = ("draft", "verify", "accept", "commit", "host")
@@ -230,30 +215,13 @@ def generate(model, prompts, drafter=None, tree=(3, 3, 3), commit="reconstruct",
     result = GenerateResult(out, tree=tr if d is not None else None, commit=mode if d is not None else None,
                             drafter=getattr(d, "name", None), sampling=sampling)
     loop = _Loop(spec, cache, ops, tr, window, mode, d, _Clock(device, timing == "phases"), sampling)
-    report = _progress(progress, B * max_new_tokens)
+    report = progress_reporter(progress, B * max_new_tokens)
     while not all(done):
         roots = loop.step(roots, done, out, max_new_tokens, eos_token_id, result.steps)
         report(sum(len(o) for o in out))
     report(None)
     cache.flush()
     return result
-
-
-def _progress(progress, total: int):
-    """report(tokens so far) after each step, report(None) at the end: a tqdm bar, a callable or nothing."""
-    if callable(progress):
-        return lambda n: None if n is None else progress(n, total)
-    if not progress:
-        return lambda n: None
-    from tqdm.auto import tqdm
-    bar = tqdm(total=total, desc="tokens", leave=False)
-
-    def report(n):
-        if n is None:
-            bar.close()
-        else:
-            bar.update(n - bar.n)
-    return report
 
 
 class _Loop:

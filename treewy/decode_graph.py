@@ -25,6 +25,7 @@ import time
 import torch
 
 from treewy.accept import accept_draft, sample_categorical, sampled_walk_tables
+from treewy.decode_records import StepStat, progress_reporter
 from treewy.drafters import MTPDrafter, _TreePlan
 from treewy.models.cache import HybridCache, KVCache
 from treewy.models.hybrid import Window, prefill
@@ -395,8 +396,6 @@ def run(model, spec, prompts, drafter, tree, mode: str, sampling, max_new_tokens
     """The decoding loop of ``generate`` over an engine: fills ``result`` (tokens, per-step stats). StepStat
     times: step_ms the whole step (a host drafter's proposal, the step, its one read, the host's bookkeeping);
     draft_ms only a host drafter's proposal (MTP drafts inside the step: 0); no phase times."""
-    from treewy.decode import StepStat, _progress
-
     B = len(prompts)
     T = tree.num_nodes
     param = next(model.parameters())
@@ -414,7 +413,7 @@ def run(model, spec, prompts, drafter, tree, mode: str, sampling, max_new_tokens
     if kind == "host":
         drafter.begin(model, prompts, hidden, first, capacity=capacity + max_new_tokens + 1)
     held = eng.cache.gdn_state_bytes()
-    report = _progress(progress, B * max_new_tokens)
+    report = progress_reporter(progress, B * max_new_tokens)
     step_no = 0
     while not all(done):
         t0 = time.perf_counter()
