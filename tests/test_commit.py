@@ -3,21 +3,43 @@ reference, at every node, per-request topologies, keys normalized in the kernel,
 batch stride, and a CUDA-graph replay of verify then commit (GPU, marked ``gpu``). The reference against the
 store-all recurrence: tests/test_reference_parity.py.
 
-CPU: Triton interpreter, small awkward sizes.
+CPU: Triton interpreter, small awkward sizes (TREEWY_TF32_EMULATION=1: with the GPU's tf32 numerics emulated).
 """
 
 from __future__ import annotations
+
+import os
+from contextlib import nullcontext
 
 import pytest
 import torch
 
 from treewy.ops import PendingCommit, naive_tree_commit, naive_tree_verify, tree_commit, tree_verify
-from treewy.testing import as64, bfs_tree, make_inputs, normalized, random_gdn_inputs, random_parents, refs
+from treewy.testing import (
+    TF32_EMULATION_ENV, as64, bfs_tree, make_inputs, normalized, output_tf32, picked_kernel, random_gdn_inputs,
+    random_parents, refs, tf32_on_the_interpreter,
+)
 from treewy.testing import assert_close_fp32 as close
+from treewy.testing import assert_close_output as close_o
 from treewy.testing import rel_err as rel
 from treewy.tree import DraftTree
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def tf32_everywhere_when_asked():
+    """TREEWY_TF32_EMULATION=1 runs every test of the module with the GPU's tf32 numerics emulated (CPU only)."""
+    with tf32_on_the_interpreter() if os.environ.get(TF32_EMULATION_ENV) == "1" else nullcontext():
+        yield
+
+
+def o_tf32(parents, B: int, state_dtype=torch.float32) -> bool:
+    """Whether tree_verify's pick for this window (parents [T] or [B, T]) takes its outputs through one tf32 pass."""
+    par = parents.parents if isinstance(parents, DraftTree) else torch.as_tensor(parents)
+    T = par.shape[-1]
+    chain = bool((par.reshape(-1, T).cpu() == torch.arange(T) - 1).all())
+    return output_tf32(picked_kernel(T, B, chain, state_dtype))
 
 
 def commit_refs(S, us, k, g, parents, accepted):
@@ -45,7 +67,7 @@ def test_verify_and_commit_match_fp64(name, B, H, HV, K, V, tree):
     o, u = tree_verify(*ins, tree)
     (ro, ru), (ro32, ru32) = refs(naive_tree_verify, ins, tree)
     assert o.dtype == ins[2].dtype and u.dtype == torch.float32
-    close("o", o, ro, ro32)
+    close_o("o", o, ro, ro32, o_tf32(tree, B))
     close("u", u, ru, ru32)
     for a in range(T):  # commit of every node
         acc = torch.full((B,), a)
@@ -62,7 +84,7 @@ def test_tree_is_paths_for_random_per_request_topologies():
     ins = make_inputs(B, T, H, HV, K, V, seed=5)
     o, u = tree_verify(*ins, parents.to(DEVICE))
     (ro, ru), (ro32, ru32) = refs(naive_tree_verify, ins, parents)
-    close("o", o, ro, ro32)
+    close_o("o", o, ro, ro32, o_tf32(parents, B))
     close("u", u, ru, ru32)
     acc = torch.tensor([16, 7, 0])
     state = ins[5].clone()
@@ -81,7 +103,7 @@ def test_qk_l2norm_in_kernel_matches_normalized_reference():
         for i in (0, 1):
             n[i] = normalized(n[i])
     (ro, ru), (ro32, ru32) = naive_tree_verify(*n64, tree), naive_tree_verify(*n32, tree)
-    close("o", o, ro, ro32)
+    close_o("o", o, ro, ro32, o_tf32(tree, B))
     close("u", u, ru, ru32)
     state = ins[5].clone()
     tree_commit(state, u, ins[1], ins[3], tree, torch.tensor([4, 2]), use_qk_l2norm_in_kernel=True)
@@ -95,7 +117,7 @@ def test_bf16_state_is_read_and_committed():
     ins = make_inputs(B, T, H, HV, K, V, seed=13, state_dtype=torch.bfloat16)
     o, u = tree_verify(*ins, tree)
     (ro, ru), (ro32, ru32) = refs(naive_tree_verify, ins, tree)  # both read the same bf16 state exactly
-    close("o", o, ro, ro32)
+    close_o("o", o, ro, ro32, o_tf32(tree, B, torch.bfloat16))
     close("u", u, ru, ru32)
     state = ins[5].clone()
     tree_commit(state, u, ins[1], ins[3], tree, torch.tensor([2, 0]))
@@ -113,7 +135,7 @@ def test_commit_into_pool_slice_with_batch_stride():
     untouched = pool[[0, 2, 3, 5, 6]].clone()
     o, u = tree_verify(*ins[:5], state, tree)
     (ro, ru), (ro32, ru32) = refs(naive_tree_verify, ins, tree)
-    close("o", o, ro, ro32)
+    close_o("o", o, ro, ro32, o_tf32(tree, B))
     tree_commit(state, u, ins[1], ins[3], tree, torch.tensor([3, 1]))
     close("state", pool[1:5:3], *commit_refs(ins[5], (ru, ru32), ins[1], ins[3], tree, torch.tensor([3, 1])))
     assert torch.equal(pool[[0, 2, 3, 5, 6]], untouched)
@@ -139,9 +161,9 @@ def test_commit_rejects_bad_accepted_nodes():
 
 def test_commit_messages_name_the_state_and_the_pending_prefix():
     x = inputs()
-    f = [t.float() for t in (x.q, x.k, x.v, x.g, x.beta, x.initial_state)]
+    f = [t.to(DEVICE, torch.float32) for t in (x.q, x.k, x.v, x.g, x.beta, x.initial_state)]
     _, u = naive_tree_verify(*f, x.parents)
-    with pytest.raises(ValueError, match="u is on cpu but state is on meta"):
+    with pytest.raises(ValueError, match=f"u is on {u.device} but state is on meta"):
         tree_commit(torch.zeros(2, 4, 6, 8, device="meta"), u, f[1], f[3], x.parents, [1, 1])
     pend = PendingCommit(u, f[1], f[3], TREE.parents, torch.tensor([5, 0]))
     with pytest.raises(ValueError, match=r"pending.accepted holds \[5, 0\]"):

@@ -1,14 +1,17 @@
 """Random GDN inputs and error metrics shared by the tests, `treewy check` and the notebooks; the kernel tests'
-windows, folded-step cases and references in fp64 and fp32."""
+windows, folded-step cases and references in fp64 and fp32; the output bound where the products took one tf32 pass,
+and that pass emulated under the Triton interpreter so a CPU run meets the GPU's numerics."""
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from treewy.ops.verify import PendingCommit, naive_tree_step, naive_tree_verify, unpack
+from treewy.ops.verify import PendingCommit, naive_tree_step, naive_tree_verify, select_kernel, unpack
 from treewy.tree import DraftTree, validate_parents
 
 
@@ -184,3 +187,102 @@ def assert_close_fp32(name: str, out: torch.Tensor, ref64: torch.Tensor, ref32: 
     assert err <= bound, (f"{name}: error {err:.3g} against fp64 above the bound {bound:.3g} "
                           f"({factor:g} x the fp32 reference's {rel_err(ref32, ref64):.3g})")
     return err
+
+
+# ---- the outputs where the verify kernels' output-only products take one tf32 pass ----
+
+#: tf32's unit roundoff: 10 explicit mantissa bits, so rounding to nearest errs by at most 2^-11 relative.
+TF32_EPS = 2.0 ** -11
+
+#: The bound on the outputs o of a verify kernel whose output-only products (S q, P U, Q K^T) took one tf32 pass
+#: (dot precision "tf32", the GPUs' default; u and the state keep fp32 accuracy: TF32_SPLIT_FACTOR). The tensor cores
+#: read each fp32 operand with its low 13 mantissa bits dropped (Triton's tf32 mma code converts nothing first): up
+#: to 2 TF32_EPS, always toward zero, so a product errs by up to 4 TF32_EPS and o, a sum of them, by about as much.
+#: Set against the outputs of the H200 run that held them to the fp32 bound
+#: (benchmarks/results/gpu_tests_h200_2026-12-01_head9e8922b.log): tests/test_verify.py checks that every one lies
+#: within it and that ten times the worst does not.
+O_TF32_TOL = 6 * TF32_EPS
+
+
+def picked_kernel(T: int, B: int, chain: bool, state_dtype=torch.float32, device=None, dot_precision=None) -> str:
+    """The kernel family ``tree_verify(kernel=None)`` runs for a window of T nodes over B requests (``chain``:
+    every request's window is a chain) on ``device`` at ``dot_precision`` (None: the device default)."""
+    from treewy.ops.verify.tuning import check_dot_precision
+
+    prec = check_dot_precision(dot_precision, _device(device))
+    return select_kernel(T, B, chain, state_dtype == torch.bfloat16, prec == "ieee")
+
+
+def output_tf32(kernel: str, device=None, dot_precision=None) -> bool:
+    """Whether verify family ``kernel`` takes its output-only products in one tf32 pass on ``device`` at
+    ``dot_precision`` (None: the device default): every family with dot products ("chain" has none) unless the
+    products are exact fp32 ("ieee")."""
+    from treewy.ops.verify.tuning import check_dot_precision
+
+    return kernel != "chain" and check_dot_precision(dot_precision, _device(device)) != "ieee"
+
+
+def output_bound(tf32: bool, exact_bound: float) -> float:
+    """The bound on a verify kernel's outputs: ``exact_bound`` (what exact fp32 products are held to) unless its
+    output-only products took one tf32 pass (``tf32``, see ``output_tf32``), then O_TF32_TOL."""
+    return O_TF32_TOL if tf32 else exact_bound
+
+
+def assert_close_output(name: str, o: torch.Tensor, ref64: torch.Tensor, ref32: torch.Tensor, tf32: bool,
+                        factor: float = FP32_FACTOR) -> float:
+    """Assert that a verify kernel's outputs ``o`` lie within ``output_bound`` of ``ref64``: the fp32 bound from
+    ``ref32`` (``assert_close_fp32``), or O_TF32_TOL where its output-only products took one tf32 pass. Returns
+    the error."""
+    if not tf32:
+        return assert_close_fp32(name, o, ref64, ref32, factor)
+    err = rel_err(o, ref64)
+    assert err <= O_TF32_TOL, (f"{name}: error {err:.3g} against fp64 above the bound {O_TF32_TOL:.3g} of outputs "
+                               f"whose products took one tf32 pass ({O_TF32_TOL / TF32_EPS:g} x 2^-11)")
+    return err
+
+
+#: Environment variable: "1" has the kernel tests (tests/test_verify.py, test_commit.py) run every test under
+#: ``tf32_on_the_interpreter``.
+TF32_EMULATION_ENV = "TREEWY_TF32_EMULATION"
+
+
+def _tf32_operand(x):
+    """fp32 values as the tensor cores read them in a tf32 product: the low 13 mantissa bits dropped."""
+    import numpy as np
+
+    return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@contextmanager
+def tf32_on_the_interpreter():
+    """The GPU's tf32 numerics under the Triton interpreter: tf32 the default dot precision (TREEWY_DOT_PRECISION)
+    and every ``tl.dot(..., input_precision="tf32")`` over fp32 operands reading them as the tensor cores do
+    (``_tf32_operand``; the interpreter otherwise multiplies exact fp32), so a CPU run errs as a GPU run does. Only
+    under the interpreter (TRITON_INTERPRET=1): a GPU has the real thing."""
+    from triton._C.libtriton import ir
+    from triton.runtime import interpreter
+
+    from treewy.ops._triton import INTERPRET
+    from treewy.ops.verify.tuning import PRECISION_ENV
+
+    if not INTERPRET:
+        raise RuntimeError("tf32_on_the_interpreter emulates the tensor cores under the Triton interpreter; on a "
+                           "GPU the kernels run tf32 themselves (TRITON_INTERPRET is off here)")
+    builder, real = interpreter.InterpreterBuilder, interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if input_precision == ir.INPUT_PRECISION.TF32 and a.data.dtype == b.data.dtype == "float32":
+            a, b = (interpreter.TensorHandle(_tf32_operand(x.data), x.dtype) for x in (a, b))
+        return real(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    old = os.environ.get(PRECISION_ENV)
+    os.environ[PRECISION_ENV] = "tf32"
+    builder.create_dot = create_dot
+    try:
+        yield
+    finally:
+        builder.create_dot = real
+        if old is None:
+            os.environ.pop(PRECISION_ENV, None)
+        else:
+            os.environ[PRECISION_ENV] = old

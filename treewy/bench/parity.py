@@ -5,21 +5,22 @@ set stays small (a few seconds). Errors are relative RMS against the fp64 refere
 inputs (drawn in fp32). Each row also gives ``ref_err``, the error of the same reference run in the row's
 dtype: fp32 rows must stay within FP32_FACTOR times it (``treewy.testing.fp32_bound``), bf16 rows within
 twice it. Where the tree kernels take their outputs o through one tf32 pass (GPUs, by default), the fp32 o
-rows are bounded by O_TF32_TOL instead.
+rows are bounded by O_TF32_TOL instead (``treewy.testing.output_bound``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from treewy.testing import FP32_EPS, FP32_FACTOR, random_gdn_inputs, random_tree, rel_err
+from treewy.ops.verify import select_kernel
+from treewy.testing import (
+    FP32_EPS, FP32_FACTOR, O_TF32_TOL, output_bound, output_tf32, picked_kernel, random_gdn_inputs, random_tree,
+    rel_err,
+)
 from treewy.tree import DraftTree, path_depth
 
 #: A bf16 kernel may be this many times the error of its reference run in bf16.
 BF16_FACTOR = 2.0
-#: The outputs' bound where Q S^T takes one tf32 pass (they feed only bf16 outputs; measured 7.0e-4 on the
-#: H200); u and the states stay fp32-accurate.
-O_TF32_TOL = 3e-3
 
 
 def bound(dtype, ref_err: float) -> float:
@@ -65,19 +66,18 @@ def kernel_parity_rows(device=None, quick: bool = True) -> list[dict]:
         naive_tree_step, naive_tree_verify, store_all_verify, tree_commit, tree_conv1d, tree_conv1d_commit,
         tree_verify,
     )
-    from treewy.ops.verify.tuning import default_dot_precision
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     on_gpu = device.type == "cuda"
     if on_gpu:
         torch.backends.cuda.matmul.allow_tf32 = False
     dtypes = (torch.float32, torch.bfloat16) if on_gpu else (torch.float32,)
-    tf32 = default_dot_precision(device) == "tf32"
     rows = []
     f32 = torch.float32
     for shape, tree, B, H, HV, K, V in _cases(quick, on_gpu):
         T = tree.num_nodes
-        o_tf32 = tf32 and tree.max_depth < T - 1   # the tree kernels' outputs take one tf32 pass, the chain's not
+        # the fp32 outputs of the family tree_verify picks (fp32 state, as in every fp32 row): one tf32 pass or not
+        o_tf32 = output_tf32(picked_kernel(T, B, tree.max_depth == T - 1, device=device), device)
         row = lambda op, dt, *errs: _row(op, shape, dt, B, T, H, HV, K, V, *errs)  # noqa: E731
         x = random_gdn_inputs(tree, B=B, H=H, HV=HV, K=K, V=V, seed=T, device=device, g_min=-1.0, dtype=f32)
         x.initial_state *= 0.3
@@ -140,7 +140,6 @@ def node_errors(tree: DraftTree, B: int = 2, H: int = 2, HV: int = 4, K: int = 1
     relative RMS against the fp64 recurrence (the store-all truth) on the kernel's inputs (drawn in fp32), with
     the bound that applies (``bound``: from the recurrence itself run in ``dtype``)."""
     from treewy.ops import naive_tree_recurrent, tree_commit, tree_verify
-    from treewy.ops.verify.tuning import default_dot_precision
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     x = random_gdn_inputs(tree, B=B, H=H, HV=HV, K=K, V=V, seed=seed, device=device, g_min=-1.0,
@@ -149,8 +148,9 @@ def node_errors(tree: DraftTree, B: int = 2, H: int = 2, HV: int = 4, K: int = 1
     xd = x.to(dtype=dtype)
     xd.initial_state = x.initial_state
     low = naive_tree_recurrent(*x.to(dtype=dtype).args())  # the reference run in dtype (bf16: state too)
-    o_tf32 = (dtype == torch.float32 and default_dot_precision(device) == "tf32"   # the tree kernels' o: one
-              and tree.max_depth < tree.num_nodes - 1)                            # tf32 pass
+    T = tree.num_nodes
+    o_tf32 = dtype == torch.float32 and output_tf32(picked_kernel(T, B, tree.max_depth == T - 1, device=device),
+                                                    device)
     o, u = tree_verify(*xd.args())
     depth = tree.depth.tolist()
     rows = []
@@ -159,7 +159,7 @@ def node_errors(tree: DraftTree, B: int = 2, H: int = 2, HV: int = 4, K: int = 1
         tree_commit(st, u, xd.k, xd.g, xd.parents, torch.full((B,), a, device=device))
         rows.append({"node": a, "depth": depth[a], "o_err": rel_err(o[:, a], ro[:, a]),
                      "state_err": rel_err(st, rstates[:, a]),
-                     "o_tol": O_TF32_TOL if o_tf32 else bound(dtype, rel_err(low[0][:, a], ro[:, a])),
+                     "o_tol": output_bound(o_tf32, bound(dtype, rel_err(low[0][:, a], ro[:, a]))),
                      "state_tol": bound(dtype, rel_err(low[1][:, a], rstates[:, a]))})
     return rows
 
@@ -173,18 +173,22 @@ def folded_drift(steps: int = 200, B: int = 2, H: int = 1, HV: int = 1, K: int =
     trees: a list of DraftTrees drawn from at random each step (default: random topologies of 1-6
     nodes, and 17-19 every eighth step). Returns {"state_err": worst relative
     RMS error of the flushed state against the recurrence over the checkpoints, "final_state_err",
-    "out_err": worst output error, "steps", "history": [{"step", "state_err"}] per checkpoint}.
+    "out_err": worst output error, "out_tf32": whether any step's kernel took its outputs through one tf32 pass
+    (``treewy.testing.output_tf32``: their bound is then O_TF32_TOL), "steps", "history": [{"step", "state_err"}]
+    per checkpoint}.
     ``kernel``, ``dot_precision``, ``config``: as in tree_verify_fwd (kernel None: the tree kernel, as for any
     window not known to be a chain). ``progress``: optional callable(step).
     """
     from treewy.ops import PendingCommit, flush_pending, naive_tree_recurrent
     from treewy.ops.verify.kernel import tree_verify_fwd
+    from treewy.ops.verify.tuning import check_dot_precision
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     gen = torch.Generator().manual_seed(seed)
     S_ref = torch.randn(B, HV, V, K, generator=gen, dtype=torch.float64).to(device) * 0.3
     state = S_ref.float()
-    pend, worst_state, worst_out, final, history = None, 0.0, 0.0, None, []
+    pend, worst_state, worst_out, final, history, out_tf32 = None, 0.0, 0.0, None, [], False
+    exact = check_dot_precision(dot_precision, device) == "ieee"
     for step in range(steps):
         if trees is None:
             T = int(torch.randint(1, 7, (1,), generator=gen)) if step % 8 else 17 + step % 3
@@ -201,6 +205,8 @@ def folded_drift(steps: int = 200, B: int = 2, H: int = 1, HV: int = 1, K: int =
                                max_depth=int(path_depth(tree).max()))
         ro, states = naive_tree_recurrent(q.double(), k.double(), v.double(), g.double(), beta.double(), S_ref, par)
         worst_out = max(worst_out, rel_err(o, ro))
+        # the family tree_verify_fwd ran: kernel=None takes select_kernel's pick for a window not known to be a chain
+        out_tf32 |= output_tf32(kernel or select_kernel(T, B, False, False, exact), device, dot_precision)
         acc = torch.randint(0, T, (B,), generator=gen)
         S_ref = states[torch.arange(B, device=device), acc.to(device)]
         pend = PendingCommit(u, k, g, par, acc.to(device, torch.int32))
@@ -210,5 +216,5 @@ def folded_drift(steps: int = 200, B: int = 2, H: int = 1, HV: int = 1, K: int =
             history.append({"step": step + 1, "state_err": final})
         if progress is not None:
             progress(step)
-    return {"state_err": worst_state, "final_state_err": final, "out_err": worst_out, "steps": steps,
-            "history": history}
+    return {"state_err": worst_state, "final_state_err": final, "out_err": worst_out, "out_tf32": out_tf32,
+            "steps": steps, "history": history}
