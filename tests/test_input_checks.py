@@ -95,8 +95,8 @@ def _kernel_ops():
                                          (0.0, "scale = 0.0"), (-1.0, "scale = -1.0"), ("abc", "scale = 'abc'"),
                                          (True, "scale = True")], ids=str)
 def test_scale_must_be_a_finite_positive_number(scale, match):
-    x = inputs()
-    args = [t.float() for t in (x.q, x.k, x.v, x.g, x.beta, x.initial_state)] + [x.parents]
+    x = inputs()   # on the kernels' device: there a CPU tensor is refused before the scale is looked at
+    args = [t.to(DEVICE, torch.float32) for t in (x.q, x.k, x.v, x.g, x.beta, x.initial_state)] + [x.parents]
     for op in [naive_tree_verify, naive_tree_recurrent, *_kernel_ops()]:
         with pytest.raises(ValueError, match=match):
             op(*args, scale=scale)
@@ -115,8 +115,8 @@ def test_zero_heads_or_head_dims_name_the_dimension(dim):
 
 
 def test_an_empty_batch_gives_empty_outputs():
-    args = (torch.randn(0, 3, 1, 8), torch.randn(0, 3, 1, 8), torch.randn(0, 3, 2, 4), -torch.rand(0, 3, 2),
-            torch.rand(0, 3, 2), torch.zeros(0, 2, 4, 8), [-1, 0, 0])
+    args = tuple(x.to(DEVICE) for x in (torch.randn(0, 3, 1, 8), torch.randn(0, 3, 1, 8), torch.randn(0, 3, 2, 4),
+                                        -torch.rand(0, 3, 2), torch.rand(0, 3, 2), torch.zeros(0, 2, 4, 8))) + ([-1, 0, 0],)
     for op in [naive_tree_verify, *_kernel_ops()]:
         o = op(*args)[0]
         assert o.shape == (0, 3, 2, 4)
