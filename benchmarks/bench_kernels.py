@@ -22,7 +22,8 @@ cut short keeps what it measured):
   the record; bf16 outputs within twice the error of rounding the inputs alone.
 
 --smoke runs the same sections with tiny shapes under the Triton interpreter (no CUDA graphs, no profiler,
-planned launch counts, times that are not timings) so the script is tested without a GPU.
+planned launch counts, times that are not timings) so the script is tested without a GPU, and the same way on a
+machine with one.
 """
 
 from __future__ import annotations
@@ -31,7 +32,15 @@ import argparse
 import datetime
 import json
 import os
+import sys
 import time
+
+# --smoke runs under the interpreter on any machine: its tensors live on the CPU, and a GPU machine leaves the
+# interpreter off. Triton reads the switch when it is first imported (through treewy below), so it is set here.
+SMOKE_FLAGS = ("--smoke", "--toy")
+if __name__ == "__main__" and any(a in SMOKE_FLAGS for a in sys.argv[1:]):
+    os.environ["TRITON_INTERPRET"] = "1"
+
 from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
@@ -43,6 +52,7 @@ from treewy.bench.parity import folded_drift
 from treewy.bench.registry import SMOKE_B, SMOKE_DIMS, get_op, measure
 from treewy.bench.timing import COPY_BW, MODELS, make, target_result
 from treewy.ops import PendingCommit, naive_tree_verify, tree_verify
+from treewy.ops._triton import INTERPRET
 from treewy.ops.verify import LAUNCHES, select_kernel
 from treewy.ops.verify import kernel as verify
 from treewy.ops.verify.tuning import PRECISION_ENV
@@ -406,16 +416,21 @@ def fmt(head, b: Bench):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # no abbreviations: the interpreter switch above recognizes --smoke and --toy spelled out
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 allow_abbrev=False)
     ap.add_argument("--out", type=Path, default=os.environ.get("OUT"), help="output directory (default: $OUT)")
     ap.add_argument("--drift-steps", type=int, default=200)
     ap.add_argument("--deadline", type=float, default=420.0,
                     help="seconds after which the remaining exactness sections are skipped (noted in the table)")
-    ap.add_argument("--smoke", "--toy", action="store_true",
+    ap.add_argument(*SMOKE_FLAGS, action="store_true",
                     help="tiny shapes on the CPU under the Triton interpreter: checks the script, measures nothing")
     args = ap.parse_args(argv)
     if args.out is None:
         ap.error("give --out DIR or set $OUT")
+    if args.smoke and not INTERPRET:   # main() called from Python after triton was imported without the interpreter
+        ap.error("--smoke runs under the Triton interpreter: run the script itself, or set TRITON_INTERPRET=1 "
+                 "before anything imports triton")
     if not args.smoke and not torch.cuda.is_available():
         raise SystemExit("bench_kernels.py needs a CUDA GPU; --smoke runs it on the CPU under the Triton interpreter")
     import triton
