@@ -94,7 +94,100 @@ def test_the_plugin_refuses_a_tree_it_cannot_serve_yet(monkeypatch):
     from treewy.serve import plugin
     monkeypatch.setenv("TREEWY_TREE", "2,2,1")
     monkeypatch.setenv("TREEWY_MODE", "store_all")
-    with pytest.raises(NotImplementedError, match="TREEWY_TREE=2,2,1: the tree hooks .* not yet installed into vLLM"):
+    from treewy.serve.tree_vllm import MISSING
+    with pytest.raises(NotImplementedError, match="TREEWY_TREE=2,2,1: vLLM cannot serve the tree yet: not installed: "
+                                                  r"the proposer's tree passes .*; the tree attention backend .*; "
+                                                  r"the KV compaction .*drop --tree") as e:
         plugin.register()
+    assert all(m in str(e.value) for m in MISSING)
     monkeypatch.delenv("TREEWY_TREE")
     plugin.register()   # store_all without a tree: inert, as before
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """Stand-in vLLM 0.26 modules in sys.modules; whatever tree_vllm installs into them is taken out afterwards."""
+    import stand_in_vllm
+
+    from treewy.serve import tree_vllm
+    yield stand_in_vllm.StandIn("0.26").install(monkeypatch)
+    tree_vllm.uninstall()
+
+
+@pytest.mark.parametrize("widths,drafter,mode", [((2, 2, 1), "mtp", "reconstruct"), ((2, 2, 1), "mtp", "store_all"),
+                                                 ((3, 3, 3), "mtp", "reconstruct"), ((2, 2, 1), "ngram", "store_all")],
+                         ids=["221-mtp-reconstruct", "221-mtp-store_all", "333-mtp-reconstruct", "221-ngram-store_all"])
+def test_hooks_installed_into_vllms_names_emit_what_generate_emits(tiny, stand_in, widths, drafter, mode):
+    """The engine calls vLLM's runner, GDN-module and sampler names as vLLM 0.26 does; tree_vllm's installed hooks
+    turn those calls into the tree's (positions by depth, tree conv with its fold, the tree's GDN step, the tree
+    sampler, the accepted node carried in vLLM's num_accepted_tokens): tokens and accepted nodes equal generate's."""
+    from treewy.decode import generate
+    from treewy.serve import tree_vllm
+    model, prompts = tiny
+    engine = FakeTreeEngine(model, widths, mode, drafter, vllm=stand_in)
+    tree_vllm.install(mode, active_pools=lambda: engine.active_pools,
+                      environ={"TREEWY_TREE": ",".join(map(str, widths))})
+    out, steps = engine.generate(prompts, NEW_TOKENS)
+    ref = generate(model, prompts, drafter=drafter, tree=widths, commit=mode, max_new_tokens=NEW_TOKENS, graphs=False)
+    assert out == ref.tokens
+    assert steps == [(s.step, s.request, s.accepted, s.length) for s in ref.steps]
+    assert any(s[3] > 1 for s in steps)
+    # every stock function stood aside for the spec rows: vLLM's conv / sampler never ran, its runner steps did
+    assert stand_in.conv_calls == [] and stand_in.sampler_calls == [] and stand_in.stock_calls == []
+    assert stand_in.runner_calls[:2] == ["prepare", "after"]
+
+
+def test_installed_hooks_get_vllms_tensors_and_uninstall_restores_vllm(stand_in, monkeypatch):
+    from treewy.serve import tree_vllm
+    from treewy.serve import vllm_adapter as A
+    gdn, sampler_cls, runner_cls = stand_in.gdn, getattr(stand_in.sampler, A.REJECTION_SAMPLER), \
+        getattr(stand_in.runner, A.RUNNER)
+    stock = (getattr(gdn, A.CONV_UPDATE), getattr(gdn, A.SPEC_UPDATE), sampler_cls.forward,
+             runner_cls._prepare_inputs, runner_cls._update_states_after_model_execute)
+    seen = {}
+    monkeypatch.setattr(tree_vllm, "tree_conv", lambda x, state, w, bias, slots, lay, act: (
+        seen.update(conv=(x, state, slots, act)), x)[1])
+    monkeypatch.setattr(tree_vllm, "store_all_tree_update", lambda pool, serving, accepted, **kw: (
+        seen.update(spec=(pool, accepted, kw)), ("tree", None))[1])
+    tree_vllm.install("store_all", environ={"TREEWY_TREE": "2,1"})        # T = 5 nodes, depth 2
+    assert tree_vllm.installed() == list(stock)
+
+    T, C, W1 = 5, 6, 3
+    conv_state = torch.randn(4, C, W1 + T - 1)
+    x, slots, num_acc = torch.randn(2 * T, C), torch.tensor([3, 1]), torch.tensor([2, 1])
+    getattr(gdn, A.CONV_UPDATE)(x, conv_state, torch.ones(C, 4), None, "silu", conv_state_indices=slots,
+                                num_accepted_tokens=num_acc, query_start_loc=torch.tensor([0, T, 2 * T]))
+    got_x, got_state, got_slots, act = seen["conv"]
+    assert got_x.shape == (2 * T, C) and got_state is conv_state and got_slots is slots and act == "silu"
+    # the stash: columns 0..W - 2 advanced by the root, then nodes 1..N
+    assert torch.equal(conv_state[3, :, W1 - 1:W1 - 1 + T], x[:T].T) and torch.equal(conv_state[1, :, W1:], x[T + 1:].T)
+    getattr(gdn, A.CONV_UPDATE)(x, conv_state, None)                       # a plain-decode call: vLLM's
+    assert len(stand_in.conv_calls) == 1 and len(seen) == 1
+
+    pool = torch.zeros(9, 2, 3, 3)
+    kw = dict(q=torch.zeros(1, 2 * T, 1, 3), cu_seqlens=torch.tensor([0, T, 2 * T]), initial_state=pool,
+              ssm_state_indices=torch.arange(1, 2 * T + 1).reshape(2, T), num_accepted_tokens=num_acc)
+    assert getattr(gdn, A.SPEC_UPDATE)(**kw) == ("tree", None)
+    assert seen["spec"][0] is pool and seen["spec"][1].tolist() == [1, 0]   # the accepted node: num_accepted - 1
+    getattr(gdn, A.SPEC_UPDATE)(q=kw["q"], ssm_state_indices=slots)         # no accepted counts: vLLM's
+    assert len(stand_in.stock_calls) == 1
+
+    runner = runner_cls(max_tokens=2 * T, max_reqs=2)
+    sched = stand_in.scheduled(torch.tensor([7, 20]), [[5, 6, 7, 8], [1, 2, 3, 4]])
+    _, md = runner._prepare_inputs(sched, [T, T])
+    depth = [0, 1, 2, 1, 2]
+    assert runner.positions.tolist() == [7 + d for d in depth] + [20 + d for d in depth]
+    logits = torch.full((2 * T, 10), -1.0)
+    logits[0, 7] = logits[3, 8] = logits[4, 0] = 1      # request 0: root -> node 3 (token 7) -> node 4 (token 8)
+    logits[5, 9] = 1                                    # request 1: no child drafted 9
+    out = sampler_cls().forward(md, None, logits, stand_in.sampling_metadata())
+    assert out.sampled_token_ids.tolist() == [[7, 8, 0], [9, -1, -1]] and out.logprobs_tensors is None
+    runner._update_states_after_model_execute(out.sampled_token_ids, sched)
+    # the accepted node + 1 (vLLM's stock step would have counted lengths 3 and 1)
+    assert stand_in.sampler_calls == [] and runner.num_accepted_tokens.gpu[:2].tolist() == [5, 1]
+    assert runner.input_batch.num_accepted_tokens_cpu_tensor[:2].tolist() == [5, 1]
+
+    tree_vllm.uninstall()
+    assert (getattr(gdn, A.CONV_UPDATE), getattr(gdn, A.SPEC_UPDATE), sampler_cls.forward, runner_cls._prepare_inputs,
+            runner_cls._update_states_after_model_execute) == stock
+    assert tree_vllm.installed() == [] and tree_vllm.RUNTIME is None

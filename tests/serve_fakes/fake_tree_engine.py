@@ -6,10 +6,17 @@ Layouts as vLLM's: packed tokens (B windows of T), a paged KV cache per softmax 
 Hkv, D] with a shuffled block table, a conv pool [slots, C, W - 1 + N] and a state pool per GDN layer (reconstruct:
 one slot per request plus the stash; store-all: N + 1 blocks per request), slot 0 the NULL block. Requests stay in
 the batch until all finish (as ``treewy.decode.generate`` keeps them), advancing only while live.
+
+With ``vllm`` (a ``stand_in_vllm.StandIn`` where ``tree_vllm.install`` ran) the step goes through vLLM's names
+instead, as vLLM 0.26's runner and GDN layer call them: the runner's ``_prepare_inputs``, the layer module's conv
+kernel and spec kernel (with vLLM's per-request ``num_accepted_tokens``), ``RejectionSampler.forward`` and
+``_update_states_after_model_execute``; the installed hooks do the tree's work there, and only the KV compaction
+(not installed yet) is still a direct hook call.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from treewy.drafters import MTPDrafter
@@ -18,14 +25,16 @@ from treewy.models.hybrid import prefill
 from treewy.models.layers import _apply_rope, conv_weight, gdn_output, gdn_project, mlp, rope
 from treewy.models.spec import spec_of
 from treewy.serve import tree_plugin as hooks
+from treewy.serve import vllm_adapter as A
 from treewy.serve.reconstruct import ReconstructPools
 from treewy.serve.tree_commit import slots_of
-from treewy.serve.tree_spec import TreeLayout
+from treewy.serve.tree_spec import TreeAcceptance, TreeLayout
 
 
 class FakeTreeEngine:
-    def __init__(self, model, widths, mode: str, drafter: str, block_size: int = 16, seed: int = 0):
-        self.model, self.spec, self.mode, self.drafter = model, spec_of(model), mode, drafter
+    def __init__(self, model, widths, mode: str, drafter: str, block_size: int = 16, seed: int = 0, vllm=None):
+        self.model, self.spec, self.mode, self.drafter, self.vllm = model, spec_of(model), mode, drafter, vllm
+        self.active_pools = None   # the reconstruct pools of the GDN layer running now (tree_vllm's active_pools)
         self.widths, self.block_size, self.gen = tuple(widths), block_size, torch.Generator().manual_seed(seed)
 
     @torch.no_grad()
@@ -44,6 +53,9 @@ class FakeTreeEngine:
         self.serving = hooks.TreeServing(self.widths, self.mode, n_slots)
         lay = self.serving.layout
         self._pools(n_slots, B * blocks_per_req + 1, T)
+        if self.vllm is not None:
+            self.runner = getattr(self.vllm.runner, A.RUNNER)(max_tokens=B * T, max_reqs=B)
+            self.sampler = getattr(self.vllm.sampler, A.REJECTION_SAMPLER)()
         hidden, logits = self._prefill(prompts, cap)
         roots = logits.argmax(-1)
         out = [[int(r)] for r in roots.tolist()]
@@ -124,10 +136,14 @@ class FakeTreeEngine:
         B, T = roots.shape[0], lay.num_nodes
         tokens = torch.cat([roots[:, None], drafts.clamp(min=0)], 1).reshape(-1)    # vLLM feeds -1 drafts as 0
         t = torch.arange(T)
-        positions = (self.num_computed[:, None] + t[None]).reshape(-1)              # the runner's num_computed + t
         slot_mapping = slots_of(self.block_table, self.num_computed[:, None] + t[None], self.block_size).reshape(-1)
-        starts = torch.arange(B) * T
-        hooks.tree_positions(positions, starts, lay)
+        if self.vllm is None:
+            positions = (self.num_computed[:, None] + t[None]).reshape(-1)          # the runner's num_computed + t
+            hooks.tree_positions(positions, torch.arange(B) * T, lay)
+        else:
+            sched = stand_in_scheduled(self.vllm, self.num_computed, drafts)
+            _, spec_md = self.runner._prepare_inputs(sched, np.full(B, T))
+            positions = self.runner.positions[: B * T].clone()
         seq_lens = self.num_computed + T
         cu = torch.arange(B + 1, dtype=torch.int32) * T
         h = s.embed(tokens[None])
@@ -142,11 +158,28 @@ class FakeTreeEngine:
             h = h + mlp(layer, layer.post_attention_layernorm(h))
         h = s.norm(h)
         logits = s.lm_head(h)[0]
-        acc = hooks.tree_rejection_sample(self.serving, drafts.reshape(-1), logits.float())
+        if self.vllm is None:
+            acc = hooks.tree_rejection_sample(self.serving, drafts.reshape(-1), logits.float())
+        else:
+            acc = self._vllm_sample(spec_md, logits, sched)
         return acc, h[0].reshape(B, T, -1)
+
+    def _vllm_sample(self, spec_md, logits, sched) -> TreeAcceptance:
+        """vLLM's sampler and after-sample step; the TreeAcceptance the engine's own bookkeeping reads, rebuilt from
+        what vLLM keeps: the sampled tokens and num_accepted_tokens (the accepted node + 1 for a served tree)."""
+        sampling = type(self.vllm).sampling_metadata()
+        out = self.sampler.forward(spec_md, None, logits, sampling).sampled_token_ids
+        self.runner._update_states_after_model_execute(out, sched)
+        B, lay = out.shape[0], self.serving.layout
+        accepted = getattr(self.runner.num_accepted_tokens, A.BUFFER_GPU)[:B].long() - 1
+        length = (out != -1).sum(1)
+        bonus = out.long().gather(1, (length - 1)[:, None])[:, 0]
+        return TreeAcceptance(accepted, lay.path[accepted], length, bonus, out)
 
     def _gdn(self, i, gdn, x, cu):
         mixed, z, b, a = gdn_project(gdn, x)
+        if self.vllm is not None:
+            return gdn_output(gdn, self._vllm_gdn(i, gdn, mixed[0], b[0], a[0], cu), z, x.dtype)
         self.conv_inputs[i] = mixed[0]
         slots = self.state_idx[:, 0]
         y = hooks.tree_conv(mixed[0], self.conv[i], conv_weight(gdn), gdn.conv1d.bias, slots, self.serving.layout)
@@ -160,6 +193,28 @@ class FakeTreeEngine:
         else:
             o, _ = hooks.store_all_tree_update(self.gdn[i], self.serving, **kw)
         return gdn_output(gdn, o, z, x.dtype)
+
+    def _vllm_gdn(self, i, gdn, mixed, b, a, cu):
+        """The spec rows of vLLM 0.26's ``_forward_core``: the module's conv kernel, then its spec kernel, called as
+        vLLM calls them (positional / keyword), with the state pool vLLM passes and its per-request accepted counts."""
+        T = self.serving.layout.num_nodes
+        num_acc = getattr(self.runner.num_accepted_tokens, A.BUFFER_GPU)[: cu.shape[0] - 1]
+        y = getattr(self.vllm.gdn, A.CONV_UPDATE)(mixed, self.conv[i], conv_weight(gdn), gdn.conv1d.bias, "silu",
+                                                  conv_state_indices=self.state_idx[:, 0], num_accepted_tokens=num_acc,
+                                                  query_start_loc=cu, max_query_len=T, validate_data=False)
+        q, k, v = torch.split(y, [gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
+        n = y.shape[0]
+        pool = self.gdn[i].state if self.mode == "reconstruct" else self.gdn[i]
+        self.active_pools = self.gdn[i] if self.mode == "reconstruct" else None
+        try:
+            o, _ = getattr(self.vllm.gdn, A.SPEC_UPDATE)(
+                A_log=gdn.A_log, a=a, b=b, dt_bias=gdn.dt_bias, q=q.reshape(1, n, -1, gdn.head_k_dim),
+                k=k.reshape(1, n, -1, gdn.head_k_dim), v=v.reshape(1, n, -1, gdn.head_v_dim), initial_state=pool,
+                inplace_final_state=True, cu_seqlens=cu, ssm_state_indices=self.state_idx, num_accepted_tokens=num_acc,
+                use_qk_l2norm_in_kernel=True)
+        finally:
+            self.active_pools = None
+        return o
 
     def _attn(self, i, attn, x, cos, sin, slot_mapping, seq_lens):
         """The model's attention projections (vLLM's layer), the K/V written at the slot mapping (reshape_and_cache),
@@ -182,7 +237,15 @@ class FakeTreeEngine:
         hooks.compact_tree_kv(list(self.kv.values()), lay, acc, self.num_computed, self.block_table, self.block_size,
                               live)
         slots = self.state_idx[:, 0]
+        if self.vllm is not None:   # the commit happens in the next forward (tree_vllm: conv fold, pending state)
+            self.num_computed = self.num_computed + acc.length * live.long()
+            return
         for i in s.gdn_layers:
             hooks.commit_tree_conv(self.conv[i], self.conv_inputs[i], slots, lay, acc.accepted)
         hooks.record_accepted(self.serving.slot_accepted, slots, acc)
         self.num_computed = self.num_computed + acc.length * live.long()
+
+
+def stand_in_scheduled(vllm, num_computed, drafts):
+    """The step as the stand-in runner's _prepare_inputs takes it (vLLM feeds -1 drafts as token 0)."""
+    return type(vllm).scheduled(num_computed.clone(), drafts.tolist())

@@ -1,7 +1,9 @@
 """A stand-in for the few vLLM modules the plugin touches, built from ``vllm_adapter``'s names, so that
 ``plugin.register()`` and the TreeWY layer run on CPU without vLLM: the out-of-tree registry, a Qwen GDN layer whose
 ``_forward_core`` calls the module's spec kernel by keyword (as vLLM 0.26's does), the forward context, MambaSpec
-and the model classes' page planning. What each name means in vLLM is checked by ``vllm_names``, not here."""
+and the model classes' page planning; for served trees (``tree_vllm``) the layer module's conv kernel, the rejection
+sampler, SamplerOutput and the model runner's two methods, each stock one doing what vLLM's does with the tensors a
+tree touches. What each name means in vLLM is checked by ``vllm_names``, not here."""
 
 from __future__ import annotations
 
@@ -29,6 +31,37 @@ class Metadata:
     spec_state_indices_tensor: torch.Tensor | None = None
 
 
+@dataclasses.dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor
+    logprobs_tensors: object
+
+
+@dataclasses.dataclass
+class SpecDecodeMetadata:
+    draft_token_ids: torch.Tensor
+    num_draft_tokens: list
+
+
+@dataclasses.dataclass
+class SamplingMetadata:
+    temperature: torch.Tensor | None = None
+    all_greedy: bool = True
+
+
+def buffer(n: int, dtype=torch.int32, fill: int = 0) -> types.SimpleNamespace:
+    """vLLM's CpuGpuBuffer on a CPU: ``np`` and ``gpu`` share memory."""
+    t = torch.full((n,), fill, dtype=dtype)
+    return types.SimpleNamespace(**{A.BUFFER_GPU: t, A.BUFFER_NP: t.numpy()})
+
+
+@dataclasses.dataclass
+class Scheduled:
+    """What the stand-in runner's _prepare_inputs needs of a step: per request num_computed and its drafts."""
+    num_computed: torch.Tensor
+    drafts: list
+
+
 class StandIn:
     """The installed modules and what their code saw."""
 
@@ -44,6 +77,14 @@ class StandIn:
         setattr(self.kv, A.MAMBA_SPEC, MambaSpec)
         setattr(self.gdn, A.SPEC_UPDATE, lambda **kw: (self.stock_calls.append(kw), ("stock", None))[1])
         setattr(self.gdn, A.GDN_LAYER, self._layer_class())
+        self.conv_calls, self.sampler_calls, self.runner_calls = [], [], []
+        setattr(self.gdn, A.CONV_UPDATE, lambda *a, **kw: (self.conv_calls.append((a, kw)), a[0])[1])
+        self.sampler = types.ModuleType(A.SAMPLER_MODULE)
+        setattr(self.sampler, A.REJECTION_SAMPLER, self._sampler_class())
+        self.outputs = types.ModuleType(A.OUTPUTS_MODULE)
+        setattr(self.outputs, A.SAMPLER_OUTPUT, SamplerOutput)
+        self.runner = types.ModuleType(A.RUNNER_MODULE)
+        setattr(self.runner, A.RUNNER, self._runner_class())
         self.model_modules: dict[str, types.ModuleType] = {}
         for module, name in A.MODEL_CLASSES[line]:
             setattr(self.model_modules.setdefault(module, types.ModuleType(module)), name, self._model_class())
@@ -85,6 +126,49 @@ class StandIn:
 
         return Layer
 
+    def _sampler_class(self):
+        stand_in = self
+
+        class RejectionSampler:
+            def forward(self, metadata, draft_probs, logits, sampling_metadata):
+                stand_in.sampler_calls.append(metadata)
+                return SamplerOutput(torch.zeros(len(metadata.num_draft_tokens), 1, dtype=torch.int32), None)
+
+        return RejectionSampler
+
+    def _runner_class(self):
+        stand_in = self
+
+        class GPUModelRunner:
+            def __init__(self, max_tokens: int = 512, max_reqs: int = 16):
+                self.positions = torch.zeros(max_tokens, dtype=torch.int64)
+                self.query_start_loc = buffer(max_reqs + 1)
+                self.num_accepted_tokens = buffer(max_reqs, fill=1)
+                self.input_batch = types.SimpleNamespace(**{A.BATCH_ACCEPTED_CPU: torch.ones(max_reqs,
+                                                                                            dtype=torch.int32)})
+                self.num_accepted_tokens_event, self.uses_mrope, self.use_async_spec_decode = None, False, False
+
+            def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
+                """vLLM's: positions = num_computed + query position, packed; the drafts' SpecDecodeMetadata."""
+                stand_in.runner_calls.append("prepare")
+                n = torch.as_tensor(num_scheduled_tokens, dtype=torch.long)
+                self.query_start_loc.gpu[1: n.shape[0] + 1] = n.cumsum(0).to(torch.int32)
+                pos = torch.cat([c + torch.arange(int(k)) for c, k in zip(scheduler_output.num_computed.tolist(), n)])
+                self.positions[: pos.shape[0]] = pos
+                drafts = scheduler_output.drafts
+                md = SpecDecodeMetadata(torch.tensor([t for d in drafts for t in d], dtype=torch.int32),
+                                        [len(d) for d in drafts])
+                return None, md
+
+            def _update_states_after_model_execute(self, output_token_ids, scheduler_output):
+                """vLLM's (mamba_cache_mode none): each request's count of sampled tokens, on the device and host."""
+                stand_in.runner_calls.append("after")
+                n = output_token_ids.shape[0]
+                self.num_accepted_tokens.gpu[:n] = (output_token_ids != -1).sum(1)
+                self.input_batch.num_accepted_tokens_cpu_tensor[:n].copy_(self.num_accepted_tokens.gpu[:n])
+
+        return GPUModelRunner
+
     def _model_class(self):
         stand_in = self
 
@@ -99,8 +183,12 @@ class StandIn:
 
         return Model
 
+    scheduled = staticmethod(Scheduled)
+    sampling_metadata = staticmethod(SamplingMetadata)
+
     def install(self, monkeypatch) -> StandIn:
-        for mod in (self.gdn, self.custom_op, self.forward_context, self.kv, *self.model_modules.values()):
+        for mod in (self.gdn, self.custom_op, self.forward_context, self.kv, self.sampler, self.outputs, self.runner,
+                    *self.model_modules.values()):
             monkeypatch.setitem(sys.modules, mod.__name__, mod)
         monkeypatch.setattr(A, "installed_version", lambda: f"{self.line}.0")
         return self

@@ -43,16 +43,15 @@ def enabled() -> bool:
 
 
 def check_tree_not_requested() -> None:
-    """A served tree (TREEWY_TREE, ``treewy serve --tree``) needs the hooks of ``tree_plugin`` inside vLLM's proposer,
-    sampler, runner and attention backend, which ``register()`` does not install yet: refuse instead of serving the
+    """A served tree (TREEWY_TREE, ``treewy serve --tree``) needs every hook of ``tree_plugin`` inside vLLM; until
+    ``tree_vllm`` installs them all (its ``MISSING`` is empty) refuse, naming what is missing, instead of serving the
     tree's N DFS-ordered drafts as one chain, which vLLM would verify wrongly."""
     from treewy.serve.tree_plugin import tree_from_env
 
     tree = tree_from_env()
     if tree is not None:
-        raise NotImplementedError(f"TREEWY_TREE={','.join(map(str, tree[0]))}: the tree hooks "
-                                  "(treewy.serve.tree_plugin) are built and tested against a stand-in engine but not "
-                                  "yet installed into vLLM; serve a chain (drop --tree)")
+        from treewy.serve.tree_vllm import refuse_incomplete
+        refuse_incomplete(tree)
 
 
 def speculative_blocks(num_spec: int) -> int:

@@ -40,7 +40,7 @@ from treewy.ops.verify.pending import PendingCommit
 from treewy.serve.launcher_command import ServeError, TREE_ENV, TREE_RATES_ENV, parse_tree
 from treewy.serve.reconstruct import ReconstructPools
 from treewy.serve.tree_commit import (
-    commit_conv_state, compact_kv, kv_compaction, pending_commit, record_accepted, reset_accepted,
+    commit_conv_state, compact_kv, kv_compaction, record_accepted, reset_accepted,
 )
 from treewy.serve.tree_spec import (
     SyntheticAcceptance, TreeAcceptance, TreeLayout, accept_tree, propose_mtp_tree, propose_ngram_tree,
@@ -179,29 +179,36 @@ def _window_inputs(q, k, v, A_log, a, b, dt_bias, B: int, T: int, use_qk_l2norm_
     q, k = win(q[0]), win(k[0])
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
-    g, beta = gdn_gating(A_log, a, b, dt_bias)
+    g, beta = gdn_gating(A_log, a[: B * T], b[: B * T], dt_bias)   # vLLM passes every row's gates, spec rows first
     return (q.contiguous(), k.contiguous(), win(v[0]).float().contiguous(), g.reshape(B, T, -1).contiguous(),
             beta.reshape(B, T, -1).contiguous())
 
 
+def _accepted(serving: TreeServing, slots: torch.Tensor, accepted) -> torch.Tensor:
+    """int32 [B]: the previous window's accepted node per request (-1: nothing pending, and for slots <= 0), given
+    (vLLM: from its num_accepted_tokens) or read from ``serving.slot_accepted`` at the slots."""
+    acc = serving.slot_accepted[slots.clamp(min=0)] if accepted is None else accepted[: slots.shape[0]]
+    return torch.where(slots > 0, acc.to(torch.int32), -1)
+
+
 def tree_spec_update(pools: ReconstructPools, serving: TreeServing, *, A_log, a, b, dt_bias, q, k, v, cu_seqlens,
-                     ssm_state_indices, use_qk_l2norm_in_kernel=True, **_) -> tuple[torch.Tensor, None]:
+                     ssm_state_indices, use_qk_l2norm_in_kernel=True, accepted=None, **_) -> tuple[torch.Tensor, None]:
     """Reconstruct: stands in for vLLM's spec kernel (its keywords, ``vllm_adapter.SPEC_UPDATE_PARAMS``) on a tree
     window. Per request, its one slot (column 0 of ssm_state_indices): the previous window's accepted node is folded
     from the slot's stash into the state (``pending_commit``), the tree is verified from it, and the window's u, k, g
-    replace the stash. Returns (o [1, B * T, HV, V], None)."""
+    replace the stash. ``accepted`` int [B]: that node per request (-1: nothing pending); None: read from
+    ``serving.slot_accepted``. Returns (o [1, B * T, HV, V], None)."""
     lay = serving.layout
     B, T = cu_seqlens.shape[0] - 1, lay.num_nodes
     slots = ssm_state_indices[:B, 0].long()
     qw, kw, vw, g, beta = _window_inputs(q, k, v, A_log, a, b, dt_bias, B, T, use_qk_l2norm_in_kernel)
+    acc = _accepted(serving, slots, accepted)
     if q.is_cuda:   # the pools in place: one launch, the fold inside the verify
         from treewy.ops.verify.kernel import tree_verify_fwd
-        pend = pending_commit(pools.u, pools.k, pools.g, lay, serving.slot_accepted, slots,
-                              use_qk_l2norm_in_kernel=False)
+        pend = PendingCommit(pools.u, pools.k, pools.g, lay.parents32[None].expand(B, -1), acc, False)
         o, u = tree_verify_fwd(qw, kw, vw, g, beta, pools.state, lay.parents32, 0, kw.shape[-1] ** -0.5,
                                pending=pend, state_indices=slots.to(torch.int32), max_depth=lay.max_depth)
     else:           # the references over the requests' rows, written back
-        acc = torch.where(slots > 0, serving.slot_accepted[slots.clamp(min=0)], -1).to(torch.int32)
         state = pools.state[slots]
         pend = PendingCommit(pools.u[slots], pools.k[slots], pools.g[slots], lay.parents32, acc)
         o, u = _ops(q.device).tree_step(qw, kw, vw, g, beta, state, lay.parents32, pend, lay.max_depth)
@@ -211,16 +218,16 @@ def tree_spec_update(pools: ReconstructPools, serving: TreeServing, *, A_log, a,
 
 
 def store_all_tree_update(state_pool: torch.Tensor, serving: TreeServing, *, A_log, a, b, dt_bias, q, k, v,
-                          cu_seqlens, ssm_state_indices, use_qk_l2norm_in_kernel=True, **_
+                          cu_seqlens, ssm_state_indices, use_qk_l2norm_in_kernel=True, accepted=None, **_
                           ) -> tuple[torch.Tensor, None]:
     """Store-all, the baseline: N + 1 state blocks per request (ssm_state_indices [B, >= T], one per node). The
-    window starts from the block of the previous window's accepted node (column 0 after a prefill), every node's
-    state is written to its own block. Returns (o [1, B * T, HV, V], None)."""
+    window starts from the block of the previous window's accepted node (column 0 after a prefill; ``accepted`` as
+    for ``tree_spec_update``), every node's state is written to its own block. Returns (o [1, B * T, HV, V], None)."""
     lay = serving.layout
     B, T = cu_seqlens.shape[0] - 1, lay.num_nodes
     blocks = ssm_state_indices[:B, :T].long()
     qw, kw, vw, g, beta = _window_inputs(q, k, v, A_log, a, b, dt_bias, B, T, use_qk_l2norm_in_kernel)
-    start = serving.slot_accepted[blocks[:, 0]].long().clamp(min=0)
+    start = _accepted(serving, blocks[:, 0], accepted).long().clamp(min=0)
     S0 = state_pool[blocks.gather(1, start[:, None])[:, 0]]
     o, states = _ops(q.device).store_all_verify(qw, kw, vw, g, beta, S0, lay.parents32)
     state_pool[blocks] = states.to(state_pool.dtype)

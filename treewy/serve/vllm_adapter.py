@@ -220,3 +220,105 @@ def spec_slots(md):
 
 def set_spec_slots(md, slots) -> None:
     setattr(md, MD_SPEC_SLOTS, slots)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Served trees (issue 30; ``tree_vllm``): the functions and methods a tree replaces, and what it reads off them.
+# ------------------------------------------------------------------------------------------------------------------
+
+#: The release lines a tree is wired for (``vllm_names`` checks the names below for these only).
+TREE_LINES = ("0.26",)
+#: The layer module's conv kernel; its spec-row call (``_forward_core``, the only one with ``num_accepted_tokens=``)
+#: passes x, conv_state, weight, bias, activation positionally and the rest by keyword.
+CONV_UPDATE = "causal_conv1d_update"
+CONV_UPDATE_MODULE = "vllm.model_executor.layers.mamba.ops.causal_conv1d"
+CONV_UPDATE_PARAMS = ("x", "conv_state", "weight", "bias", "activation", "conv_state_indices", "num_accepted_tokens",
+                      "query_start_loc")
+CONV_SLOTS = "conv_state_indices"
+#: SPEC_UPDATE's state pool keyword (store-all: N + 1 blocks per request, ``ssm_state_indices`` [B, N + 1]).
+SPEC_INITIAL_STATE = "initial_state"
+#: vLLM's rejection sampler, what its forward is given and returns.
+SAMPLER_MODULE = "vllm.v1.sample.rejection_sampler"
+REJECTION_SAMPLER, SAMPLER_FORWARD = "RejectionSampler", "forward"
+SAMPLER_FORWARD_PARAMS = ("self", "metadata", "draft_probs", "logits", "sampling_metadata")
+SPEC_METADATA_MODULE, SPEC_METADATA = "vllm.v1.spec_decode.metadata", "SpecDecodeMetadata"
+MD_DRAFT_TOKENS, MD_NUM_DRAFT_TOKENS = "draft_token_ids", "num_draft_tokens"
+SAMPLING_METADATA_MODULE, SAMPLING_METADATA = "vllm.v1.sample.metadata", "SamplingMetadata"
+SAMPLING_ALL_GREEDY, SAMPLING_TEMPERATURE = "all_greedy", "temperature"
+OUTPUTS_MODULE, SAMPLER_OUTPUT = "vllm.v1.outputs", "SamplerOutput"
+SAMPLED_TOKEN_IDS, LOGPROBS_TENSORS = "sampled_token_ids", "logprobs_tensors"
+#: The model runner: the inputs step (positions, then the slot mapping built from them) and the step after the
+#: sampler (where vLLM counts each request's accepted tokens for the GDN layers' next step).
+RUNNER_MODULE, RUNNER = "vllm.v1.worker.gpu_model_runner", "GPUModelRunner"
+PREPARE_INPUTS, PREPARE_INPUTS_PARAMS = "_prepare_inputs", ("self", "scheduler_output", "num_scheduled_tokens")
+AFTER_SAMPLE, AFTER_SAMPLE_PARAMS = ("_update_states_after_model_execute",
+                                     ("self", "output_token_ids", "scheduler_output"))
+#: Runner attributes: the positions buffer (int64 [max_num_tokens]), M-RoPE's ([3, max_num_tokens] in a CpuGpuBuffer),
+#: the packed windows' starts and the accepted counts (CpuGpuBuffers), the input batch's CPU copy of those counts and
+#: the event the next step waits on before reading it, and whether async scheduling corrects the counts instead.
+RUNNER_POSITIONS, RUNNER_USES_MROPE, RUNNER_MROPE_POSITIONS = "positions", "uses_mrope", "mrope_positions"
+RUNNER_QUERY_START, RUNNER_NUM_ACCEPTED, RUNNER_ACCEPTED_EVENT = ("query_start_loc", "num_accepted_tokens",
+                                                                 "num_accepted_tokens_event")
+RUNNER_INPUT_BATCH, BATCH_ACCEPTED_CPU, RUNNER_ASYNC_SPEC = ("input_batch", "num_accepted_tokens_cpu_tensor",
+                                                             "use_async_spec_decode")
+INPUT_BATCH_MODULE, INPUT_BATCH = "vllm.v1.worker.gpu_input_batch", "InputBatch"
+BUFFER_MODULE, BUFFER, BUFFER_GPU, BUFFER_NP = "vllm.v1.utils", "CpuGpuBuffer", "gpu", "np"
+
+
+def conv_update(gdn):
+    return getattr(gdn, CONV_UPDATE)
+
+
+def set_conv_update(gdn, fn) -> None:
+    setattr(gdn, CONV_UPDATE, fn)
+
+
+def sampler_class():
+    return getattr(importlib.import_module(SAMPLER_MODULE), REJECTION_SAMPLER)
+
+
+def runner_class():
+    return getattr(importlib.import_module(RUNNER_MODULE), RUNNER)
+
+
+def sampler_output(token_ids):
+    """vLLM's SamplerOutput holding ``token_ids`` [B, D + 1] (-1 padded) and no logprobs."""
+    cls = getattr(importlib.import_module(OUTPUTS_MODULE), SAMPLER_OUTPUT)
+    return cls(**{SAMPLED_TOKEN_IDS: token_ids, LOGPROBS_TENSORS: None})
+
+
+def spec_drafts(md) -> tuple:
+    """(draft_token_ids [B * N] on the device, num_draft_tokens: list[int]) of a SpecDecodeMetadata."""
+    return getattr(md, MD_DRAFT_TOKENS), getattr(md, MD_NUM_DRAFT_TOKENS)
+
+
+def temperature(sampling_metadata):
+    """0.0 when every request is greedy, else the per-request temperatures [B] (a device tensor)."""
+    return 0.0 if getattr(sampling_metadata, SAMPLING_ALL_GREEDY) else getattr(sampling_metadata, SAMPLING_TEMPERATURE)
+
+
+def runner_positions(runner) -> list:
+    """The positions buffers the model reads: [positions] or M-RoPE's three rows (text tokens: all three equal)."""
+    if getattr(runner, RUNNER_USES_MROPE):
+        return list(getattr(getattr(runner, RUNNER_MROPE_POSITIONS), BUFFER_GPU))
+    return [getattr(runner, RUNNER_POSITIONS)]
+
+
+def runner_starts(runner, num_reqs: int):
+    """The host copy (numpy) of each request's first packed token, this step."""
+    return getattr(getattr(runner, RUNNER_QUERY_START), BUFFER_NP)[:num_reqs]
+
+
+def uses_async_spec_decode(runner) -> bool:
+    return bool(getattr(runner, RUNNER_ASYNC_SPEC, False))
+
+
+def set_num_accepted(runner, counts) -> None:
+    """What the GDN layers read next step as ``num_accepted_tokens`` (per request, moved with its row): the device
+    buffer, its copy in the input batch, and the event the next step's read waits on."""
+    n = counts.shape[0]
+    getattr(getattr(runner, RUNNER_NUM_ACCEPTED), BUFFER_GPU)[:n] = counts
+    getattr(getattr(runner, RUNNER_INPUT_BATCH), BATCH_ACCEPTED_CPU)[:n].copy_(counts, non_blocking=True)
+    event = getattr(runner, RUNNER_ACCEPTED_EVENT)
+    if event is not None:
+        event.record()

@@ -69,10 +69,33 @@ NAMES: tuple[Name, ...] = (
 )
 
 
+#: What ``tree_vllm`` replaces and reads, for the lines in ``vllm_adapter.TREE_LINES``.
+TREE_NAMES: tuple[Name, ...] = (
+    Name(GDN, A.CONV_UPDATE, kind="attr"),   # imported into the layer's module, where tree_vllm wraps it
+    Name(A.CONV_UPDATE_MODULE, A.CONV_UPDATE, A.CONV_UPDATE_PARAMS),
+    Name(FLA, A.SPEC_UPDATE, (A.SPEC_INITIAL_STATE, "ssm_state_indices", A.NUM_ACCEPTED)),
+    Name(A.SAMPLER_MODULE, f"{A.REJECTION_SAMPLER}.{A.SAMPLER_FORWARD}", A.SAMPLER_FORWARD_PARAMS),
+    *(Name(A.SPEC_METADATA_MODULE, f"{A.SPEC_METADATA}.{f}", kind="field")
+      for f in (A.MD_DRAFT_TOKENS, A.MD_NUM_DRAFT_TOKENS)),
+    *(Name(A.SAMPLING_METADATA_MODULE, f"{A.SAMPLING_METADATA}.{f}", kind="field")
+      for f in (A.SAMPLING_ALL_GREEDY, A.SAMPLING_TEMPERATURE)),
+    *(Name(A.OUTPUTS_MODULE, f"{A.SAMPLER_OUTPUT}.{f}", kind="field") for f in (A.SAMPLED_TOKEN_IDS,
+                                                                                A.LOGPROBS_TENSORS)),
+    Name(A.RUNNER_MODULE, f"{A.RUNNER}.{A.PREPARE_INPUTS}", A.PREPARE_INPUTS_PARAMS),
+    Name(A.RUNNER_MODULE, f"{A.RUNNER}.{A.AFTER_SAMPLE}", A.AFTER_SAMPLE_PARAMS),
+    *(Name(A.RUNNER_MODULE, f"{A.RUNNER}.{attr}", kind="instance") for attr in (
+        A.RUNNER_POSITIONS, A.RUNNER_USES_MROPE, A.RUNNER_MROPE_POSITIONS, A.RUNNER_QUERY_START,
+        A.RUNNER_NUM_ACCEPTED, A.RUNNER_ACCEPTED_EVENT, A.RUNNER_INPUT_BATCH, A.RUNNER_ASYNC_SPEC)),
+    Name(A.INPUT_BATCH_MODULE, f"{A.INPUT_BATCH}.{A.BATCH_ACCEPTED_CPU}", kind="instance"),
+    *(Name(A.BUFFER_MODULE, f"{A.BUFFER}.{attr}", kind="instance") for attr in (A.BUFFER_GPU, A.BUFFER_NP)),
+)
+
+
 def names_for(line: str) -> tuple[Name, ...]:
-    """NAMES plus release ``line``'s own: the layer's fused-path flags, and the model classes whose page-planning
-    methods the plugin patches."""
-    return (NAMES + tuple(Name(GDN, f"{A.GDN_LAYER}.{flag}", kind="instance") for flag in A.FUSED_PATH_FLAGS[line])
+    """NAMES plus release ``line``'s own: the layer's fused-path flags, the model classes whose page-planning
+    methods the plugin patches, and TREE_NAMES where trees are wired for ``line``."""
+    return (NAMES + (TREE_NAMES if line in A.TREE_LINES else ())
+            + tuple(Name(GDN, f"{A.GDN_LAYER}.{flag}", kind="instance") for flag in A.FUSED_PATH_FLAGS[line])
             + tuple(Name(m, f"{c}.{meth}", ("cls", "vllm_config")) for m, c in A.MODEL_CLASSES[line]
                     for meth in A.PAGE_METHODS))
 

@@ -1,0 +1,259 @@
+"""The tree hooks of ``tree_plugin`` installed into vLLM 0.26 (issue 30, step 1d): every vLLM name through
+``vllm_adapter`` (checked per release by ``vllm_names``), every replaced function kept so that ``uninstall()`` puts
+vLLM's back. Installed so far, in the order of vLLM's step:
+
+1. positions: ``GPUModelRunner._prepare_inputs`` runs, then every full window's positions (and M-RoPE's three rows)
+   become num_computed + depth (``tree_positions``); the slot mapping, built before, keeps num_computed + t;
+2. the GDN layer's spec rows: its module's ``causal_conv1d_update`` spec call becomes ``tree_vllm_conv`` and its
+   ``fused_sigmoid_gating_delta_rule_update`` spec call ``tree_spec_update`` (reconstruct, the layer's pools) or
+   ``store_all_tree_update`` (vLLM's N + 1 blocks per request);
+3. ``RejectionSampler.forward`` becomes ``tree_rejection_sample`` (synthetic per depth with TREEWY_TREE_RATES);
+4. after the sampler (``GPUModelRunner._update_states_after_model_execute``): vLLM's per-request
+   ``num_accepted_tokens`` becomes the accepted node + 1 (a chain's length, a tree's node), which vLLM moves with the
+   request's row and hands to the GDN layers next step; that is all the GDN layers need to commit.
+
+The previous window's commit happens in the next forward, inside the graph: the GDN state's pending fold (as for
+chains; reconstruct's ``meta`` says whether anything is pending), and the conv state's. vLLM's conv pool holds
+W - 1 + N columns per slot: after a window, columns 0..W - 2 hold the committed inputs advanced by the root (always
+accepted) and columns W - 1.. the inputs of nodes 1..N, so the next step's fold is one gather (``fold_tree_conv``).
+Not installed yet (``MISSING``): the proposer's tree passes, the tree attention backend and the KV compaction.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from treewy.serve import vllm_adapter as adapter
+from treewy.serve.tree_plugin import (
+    TreeServing, store_all_tree_update, tree_conv, tree_from_env, tree_positions, tree_rejection_sample,
+    tree_spec_update,
+)
+from treewy.serve.tree_spec import TreeLayout
+
+#: What a served tree still needs from vLLM, which ``install`` does not wire yet.
+MISSING = ("the proposer's tree passes (EagleProposer: the MTP head's top-w per level; n-gram trees on the host)",
+           "the tree attention backend of the softmax layers (AttentionBackendEnum.CUSTOM)",
+           "the KV compaction of the accepted path after the sampler")
+
+_INSTALLED: list[tuple[object, object]] = []   # (restore function, vLLM's original), in install order
+
+
+class _Runtime:
+    """What the installed hooks share in one process: the tree, one TreeServing per device, the last acceptance."""
+
+    def __init__(self, widths, mode: str, rates):
+        self.widths, self.mode, self.rates = tuple(widths), mode, rates
+        self._serving: dict[torch.device, TreeServing] = {}
+        self.last_accepted: torch.Tensor | None = None   # int64 [B]: the sampler's accepted node per request
+
+    def serving(self, device) -> TreeServing:
+        device = torch.device(device)
+        if device not in self._serving:
+            self._serving[device] = TreeServing(self.widths, self.mode, 2, device, self.rates)
+        return self._serving[device]
+
+
+RUNTIME: _Runtime | None = None
+
+
+def refuse_incomplete(tree) -> None:
+    """NotImplementedError naming what a served tree still lacks in vLLM (``MISSING``), while anything does."""
+    if MISSING:
+        raise NotImplementedError(f"TREEWY_TREE={','.join(map(str, tree[0]))}: vLLM cannot serve the tree yet: not "
+                                  f"installed: {'; '.join(MISSING)} (treewy/serve/README.md, 'Trees in vLLM 0.26'); "
+                                  "serve a chain (drop --tree)")
+
+
+def _replace(get, set_, owner, fn) -> None:
+    original = get(owner)
+    set_(owner, fn)
+    _INSTALLED.append((lambda: set_(owner, original), original))
+
+
+def install(mode: str, *, active_pools=lambda: None, environ=os.environ) -> None:
+    """Install the hooks above for the tree of ``environ`` (TREEWY_TREE, TREEWY_TREE_RATES) in ``mode``.
+    ``active_pools()``: the ReconstructPools of the GDN layer running now (reconstruct; None outside one)."""
+    global RUNTIME
+    tree = tree_from_env(environ)
+    if tree is None:
+        raise ValueError("tree_vllm.install needs TREEWY_TREE (treewy serve --tree W1,W2,... sets it)")
+    uninstall()
+    RUNTIME = _Runtime(tree[0], mode, tree[1])
+    gdn = adapter.gdn_module()
+    _replace(adapter.conv_update, adapter.set_conv_update, gdn, _conv_route(adapter.conv_update(gdn)))
+    _replace(adapter.spec_update, adapter.set_spec_update, gdn, _spec_route(adapter.spec_update(gdn), active_pools))
+    sampler = adapter.sampler_class()
+    _replace(lambda c: c.__dict__[adapter.SAMPLER_FORWARD], lambda c, f: setattr(c, adapter.SAMPLER_FORWARD, f),
+             sampler, _sampler_forward)
+    runner = adapter.runner_class()
+    for name, wrap in ((adapter.PREPARE_INPUTS, _prepare_inputs), (adapter.AFTER_SAMPLE, _after_sample)):
+        _replace(lambda c, n=name: c.__dict__[n], lambda c, f, n=name: setattr(c, n, f), runner,
+                 wrap(runner.__dict__[name]))
+
+
+def uninstall() -> None:
+    """Put back every vLLM function ``install`` replaced."""
+    global RUNTIME
+    while _INSTALLED:
+        _INSTALLED.pop()[0]()
+    RUNTIME = None
+
+
+def installed() -> list:
+    """vLLM's originals that the installed hooks stand in for (for tests)."""
+    return [original for _, original in _INSTALLED]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The GDN layer's spec rows
+# ------------------------------------------------------------------------------------------------------------------
+
+def fold_tree_conv(conv_state: torch.Tensor, slots: torch.Tensor, layout: TreeLayout, accepted: torch.Tensor) -> None:
+    """In place: the previous window's commit. Columns 0..W - 2 of each slot become the last W - 1 inputs on
+    root..accepted, from the columns ``stash_tree_conv`` wrote (node 0: nothing to add, as after a prefill).
+    ``layout.conv_src`` indexes [committed (W - 1) | nodes (T)]; the stash drops the oldest committed column (never
+    among the last W - 1 once the root is in), so the same indices minus 1 address the stashed columns."""
+    W1, s = layout.conv_width - 1, slots.long()
+    B, C = s.shape[0], conv_state.shape[1]
+    idx = (layout.conv_src[accepted.long().clamp(min=0)] - 1)[:, None, :].expand(B, C, W1)
+    conv_state[s, :, :W1] = conv_state[s].gather(2, idx)
+
+
+def stash_tree_conv(conv_state: torch.Tensor, x: torch.Tensor, slots: torch.Tensor, layout: TreeLayout) -> None:
+    """In place: columns 0..W - 2 advance by the root's input, columns W - 1..W - 2 + N take nodes 1..N's.
+    x [B * T, C]: the window's conv inputs."""
+    W1, T, s = layout.conv_width - 1, layout.num_nodes, slots.long()
+    B = s.shape[0]
+    window = x.reshape(B, T, -1).transpose(1, 2).to(conv_state.dtype)                 # [B, C, T]
+    conv_state[s, :, : W1 - 1 + T] = torch.cat([conv_state[s, :, 1:W1], window], -1)
+
+
+def tree_vllm_conv(layout: TreeLayout, x, conv_state, weight, bias=None, activation=None, *, conv_state_indices,
+                   num_accepted_tokens, **_) -> torch.Tensor:
+    """vLLM's spec-row ``causal_conv1d_update`` on a tree window (its arguments): fold the previous window's
+    accepted path (node = num_accepted_tokens - 1), every node's conv over its own path, stash this window. x
+    [n, C] packed (n >= B * T: rows past B * T are padding and come back 0); conv_state [slots, C, W - 1 + N]."""
+    B, T = conv_state_indices.shape[0], layout.num_nodes
+    if conv_state.shape[-1] < layout.conv_width - 2 + T:
+        raise ValueError(f"conv_state has {conv_state.shape[-1]} columns per slot: a served tree needs W - 1 + N = "
+                         f"{layout.conv_width - 2 + T} (num_speculative_tokens = N = {T - 1}; treewy serve --tree "
+                         "sets it)")
+    slots = conv_state_indices
+    fold_tree_conv(conv_state, slots, layout, num_accepted_tokens[:B] - 1)
+    act = "silu" if activation is True else (activation or None)
+    y = tree_conv(x[: B * T], conv_state, weight, bias, slots, layout, act)
+    stash_tree_conv(conv_state, x[: B * T], slots, layout)
+    if x.shape[0] == B * T:
+        return y
+    return torch.cat([y, y.new_zeros(x.shape[0] - B * T, y.shape[1])])
+
+
+def _conv_route(stock):
+    def conv_update(*args, **kwargs):
+        if RUNTIME is None or kwargs.get(adapter.NUM_ACCEPTED) is None:
+            return stock(*args, **kwargs)
+        return tree_vllm_conv(RUNTIME.serving(args[0].device).layout, *args, **kwargs)
+    return conv_update
+
+
+def tree_vllm_spec_update(serving: TreeServing, pools, **kwargs):
+    """vLLM's spec-row kernel call on a tree window: ``tree_spec_update`` over the layer's pools (reconstruct: the
+    stash's ``meta`` says whether a window is pending, vLLM's num_accepted_tokens - 1 is its accepted node) or
+    ``store_all_tree_update`` over vLLM's state pool (the window starts from block num_accepted_tokens - 1)."""
+    num_acc = kwargs[adapter.NUM_ACCEPTED]
+    B = kwargs["cu_seqlens"].shape[0] - 1
+    node = (num_acc[:B] - 1).to(torch.int32)
+    if serving.mode == "store_all":
+        return store_all_tree_update(kwargs[adapter.SPEC_INITIAL_STATE], serving, accepted=node, **kwargs)
+    slots = kwargs["ssm_state_indices"][:B, 0].long()
+    pending = pools.meta[slots.clamp(min=0), 0] > 0
+    out = tree_spec_update(pools, serving, accepted=torch.where(pending, node, -1), **kwargs)
+    pools.meta[slots.clamp(min=0), 0] = serving.layout.num_nodes
+    return out
+
+
+def _spec_route(stock, active_pools):
+    def spec_update(*args, **kwargs):
+        if RUNTIME is None or args or kwargs.get(adapter.NUM_ACCEPTED) is None:
+            return stock(*args, **kwargs)
+        pools = active_pools() if RUNTIME.mode == "reconstruct" else None
+        if RUNTIME.mode == "reconstruct" and pools is None:
+            return stock(*args, **kwargs)
+        return tree_vllm_spec_update(RUNTIME.serving(kwargs["q"].device), pools, **kwargs)
+    return spec_update
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The sampler and the runner
+# ------------------------------------------------------------------------------------------------------------------
+
+def _sampler_forward(self, metadata, draft_probs, logits, sampling_metadata):
+    """RejectionSampler.forward for a served tree: requests with N drafts are tree windows (``tree_rejection_sample``
+    on their T logits); requests with none (a prefill's last chunk) sample their one logit (greedy at temperature 0,
+    else from the softmax at their temperature). Sampled tokens [B, D + 1], -1 padded; no logprobs."""
+    serving = RUNTIME.serving(logits.device)
+    drafts, counts = adapter.spec_drafts(metadata)
+    N, D = serving.num_drafts, serving.layout.max_depth
+    bad = [c for c in counts if c not in (0, N)]
+    if bad:
+        raise ValueError(f"a served tree verifies full windows: {N} drafts per request or none, got {bad[0]} (vLLM "
+                         "cuts drafts at a request's context end: serve with max_model_len beyond it)")
+    temp = adapter.temperature(sampling_metadata)
+    rows = np.repeat(np.arange(len(counts)), np.asarray(counts) + 1)
+    tree = np.flatnonzero(np.asarray(counts) == N)
+    out = torch.full((len(counts), D + 1), -1, dtype=torch.int32, device=logits.device)
+    accepted = torch.zeros(len(counts), dtype=torch.int64, device=logits.device)
+    if tree.size:
+        idx = torch.as_tensor(np.flatnonzero(np.isin(rows, tree)), device=logits.device)
+        t = temp if isinstance(temp, float) else temp[torch.as_tensor(tree, device=logits.device)]
+        acc = tree_rejection_sample(serving, drafts.long(), logits[idx].float(), t)
+        at = torch.as_tensor(tree, device=logits.device)
+        out[at], accepted[at] = acc.output_token_ids.to(torch.int32), acc.accepted
+    plain = np.flatnonzero(np.asarray(counts) == 0)
+    if plain.size:
+        pl = logits[torch.as_tensor(np.flatnonzero(np.isin(rows, plain)), device=logits.device)].float()
+        at = torch.as_tensor(plain, device=logits.device)
+        if isinstance(temp, float):
+            out[at, 0] = pl.argmax(-1).to(torch.int32)
+        else:
+            tp = temp[at].float()
+            probs = torch.softmax(pl / tp.clamp(min=1e-6)[:, None], -1)
+            out[at, 0] = torch.where(tp > 0, torch.multinomial(probs, 1)[:, 0], pl.argmax(-1)).to(torch.int32)
+    RUNTIME.last_accepted = accepted
+    return adapter.sampler_output(out)
+
+
+def _prepare_inputs(stock):
+    def prepare_inputs(self, scheduler_output, num_scheduled_tokens):
+        result = stock(self, scheduler_output, num_scheduled_tokens)
+        spec = result[1]
+        if spec is not None:
+            _, counts = adapter.spec_drafts(spec)
+            positions = adapter.runner_positions(self)
+            layout = RUNTIME.serving(positions[0].device).layout
+            n = len(counts)
+            full = (np.asarray(counts) == layout.num_drafts) & (np.asarray(num_scheduled_tokens[:n]) ==
+                                                                layout.num_nodes)
+            if full.any():
+                starts = torch.as_tensor(np.asarray(adapter.runner_starts(self, n))[full], device=positions[0].device)
+                for p in positions:
+                    tree_positions(p, starts, layout)
+        return result
+    return prepare_inputs
+
+
+def _after_sample(stock):
+    def after_sample(self, output_token_ids, scheduler_output):
+        stock(self, output_token_ids, scheduler_output)
+        accepted, RUNTIME.last_accepted = RUNTIME.last_accepted, None
+        if accepted is None:
+            return
+        if adapter.uses_async_spec_decode(self):
+            raise ValueError("a served tree needs async scheduling off (vLLM's async spec decode recounts "
+                             "num_accepted_tokens as lengths; a tree's is the accepted node + 1): serve with "
+                             "--no-async-scheduling")
+        adapter.set_num_accepted(self, (accepted + 1).to(torch.int32))
+    return after_sample
