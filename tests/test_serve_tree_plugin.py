@@ -96,10 +96,9 @@ def test_the_plugin_refuses_a_tree_it_cannot_serve_yet(monkeypatch):
     monkeypatch.setenv("TREEWY_MODE", "store_all")
     from treewy.serve.tree_vllm import MISSING
     with pytest.raises(NotImplementedError, match="TREEWY_TREE=2,2,1: vLLM cannot serve the tree yet: not installed: "
-                                                  r"the proposer's tree passes .*; the tree attention backend .*; "
-                                                  r"the KV compaction .*drop --tree") as e:
+                                                  r"the MTP proposer's tree passes .*drop --tree") as e:
         plugin.register()
-    assert all(m in str(e.value) for m in MISSING)
+    assert MISSING and all(m in str(e.value) for m in MISSING)
     monkeypatch.delenv("TREEWY_TREE")
     plugin.register()   # store_all without a tree: inert, as before
 
@@ -114,13 +113,18 @@ def stand_in(monkeypatch):
     tree_vllm.uninstall()
 
 
-@pytest.mark.parametrize("widths,drafter,mode", [((2, 2, 1), "mtp", "reconstruct"), ((2, 2, 1), "mtp", "store_all"),
-                                                 ((3, 3, 3), "mtp", "reconstruct"), ((2, 2, 1), "ngram", "store_all")],
-                         ids=["221-mtp-reconstruct", "221-mtp-store_all", "333-mtp-reconstruct", "221-ngram-store_all"])
+INSTALLED_CASES = [pytest.param(w, d, m, id=f"{''.join(map(str, w))}-{d}-{m}") for w, d in
+                   (((2, 2, 1), "mtp"), ((2, 2, 2), "mtp"), ((3, 3, 3), "mtp"), ((2, 2, 1), "ngram"))
+                   for m in ("reconstruct", "store_all")]
+
+
+@pytest.mark.parametrize("widths,drafter,mode", INSTALLED_CASES)
 def test_hooks_installed_into_vllms_names_emit_what_generate_emits(tiny, stand_in, widths, drafter, mode):
-    """The engine calls vLLM's runner, GDN-module and sampler names as vLLM 0.26 does; tree_vllm's installed hooks
-    turn those calls into the tree's (positions by depth, tree conv with its fold, the tree's GDN step, the tree
-    sampler, the accepted node carried in vLLM's num_accepted_tokens): tokens and accepted nodes equal generate's."""
+    """The engine calls vLLM's runner, GDN-module, attention, sampler and n-gram names as vLLM 0.26 does; tree_vllm's
+    installed hooks turn those calls into the tree's (positions by depth, tree conv with its fold, the tree's GDN
+    step, tree attention, the tree sampler, the accepted node carried in vLLM's num_accepted_tokens, the KV
+    compaction after the sampler, the n-gram tree): tokens and accepted nodes equal generate's. No hook is called
+    directly; only the MTP drafts come from MTPDrafter (tree_vllm.MISSING)."""
     from treewy.decode import generate
     from treewy.serve import tree_vllm
     model, prompts = tiny
@@ -132,8 +136,10 @@ def test_hooks_installed_into_vllms_names_emit_what_generate_emits(tiny, stand_i
     assert out == ref.tokens
     assert steps == [(s.step, s.request, s.accepted, s.length) for s in ref.steps]
     assert any(s[3] > 1 for s in steps)
-    # every stock function stood aside for the spec rows: vLLM's conv / sampler never ran, its runner steps did
+    # every stock function stood aside for the spec rows: vLLM's conv, sampler, attention and n-gram drafter never
+    # ran (every step is a uniform batch of windows), its runner steps did
     assert stand_in.conv_calls == [] and stand_in.sampler_calls == [] and stand_in.stock_calls == []
+    assert stand_in.attn_calls == [] and stand_in.ngram_calls == []
     assert stand_in.runner_calls[:2] == ["prepare", "after"]
 
 
@@ -150,7 +156,7 @@ def test_installed_hooks_get_vllms_tensors_and_uninstall_restores_vllm(stand_in,
     monkeypatch.setattr(tree_vllm, "store_all_tree_update", lambda pool, serving, accepted, **kw: (
         seen.update(spec=(pool, accepted, kw)), ("tree", None))[1])
     tree_vllm.install("store_all", environ={"TREEWY_TREE": "2,1"})        # T = 5 nodes, depth 2
-    assert tree_vllm.installed() == list(stock)
+    assert tree_vllm.installed()[:5] == list(stock)   # then attention and the n-gram drafter (the test below)
 
     T, C, W1 = 5, 6, 3
     conv_state = torch.randn(4, C, W1 + T - 1)
@@ -191,3 +197,98 @@ def test_installed_hooks_get_vllms_tensors_and_uninstall_restores_vllm(stand_in,
     assert (getattr(gdn, A.CONV_UPDATE), getattr(gdn, A.SPEC_UPDATE), sampler_cls.forward, runner_cls._prepare_inputs,
             runner_cls._update_states_after_model_execute) == stock
     assert tree_vllm.installed() == [] and tree_vllm.RUNTIME is None
+
+
+@pytest.mark.parametrize("mode", ["store_all", "reconstruct"])
+def test_register_installs_the_tree_hooks_once_nothing_is_missing(stand_in, monkeypatch, mode):
+    """With MISSING empty, register() installs tree_vllm's hooks in either mode and, in reconstruct, leaves vLLM's
+    spec kernel to tree_vllm's route (not the chain wrap), which reads the running TreeWY layer's pools."""
+    from treewy.serve import plugin, tree_vllm
+    from treewy.serve import vllm_adapter as A
+    monkeypatch.setattr(tree_vllm, "MISSING", ())
+    monkeypatch.setenv("TREEWY_TREE", "2,2")
+    monkeypatch.setenv("TREEWY_MODE", mode)
+    stock_spec = getattr(stand_in.gdn, A.SPEC_UPDATE)
+    plugin.register()
+    assert tree_vllm.RUNTIME.mode == mode and tree_vllm.RUNTIME.widths == (2, 2)
+    assert len(tree_vllm.installed()) == 7 and stock_spec in tree_vllm.installed()
+    assert not getattr(getattr(stand_in.gdn, A.SPEC_UPDATE), plugin._PATCHED, False)
+    assert (A.GDN_LAYER in stand_in.registry) == (mode == "reconstruct")
+    seen = {}
+    monkeypatch.setattr(tree_vllm, "tree_vllm_spec_update", lambda serving, pools, **kw: (
+        seen.update(pools=pools), ("tree", None))[1])
+    pools = object()
+    layer = type("Layer", (), {"treewy_pools": lambda self: pools})()
+    token = plugin._ACTIVE_LAYER.set(layer)
+    try:
+        assert getattr(stand_in.gdn, A.SPEC_UPDATE)(q=torch.zeros(1), num_accepted_tokens=torch.ones(1)) == \
+            ("tree", None)
+    finally:
+        plugin._ACTIVE_LAYER.reset(token)
+    assert seen["pools"] is (pools if mode == "reconstruct" else None)
+
+
+def test_attention_compaction_and_ngram_hooks_get_vllms_tensors(stand_in):
+    """FlashAttentionImpl.forward on a batch of full windows is the tree attention on FlashAttention's packed cache
+    (a mixed step: vLLM's attention for the other rows), the after-sample step moves the accepted path's K/V in
+    every FlashAttention layer with its group's block table, NgramProposer.propose drafts N tokens per request in
+    DFS order; uninstall puts vLLM's three functions back."""
+    import stand_in_vllm
+
+    from treewy.ops.attention.naive import naive_compact_accepted_kv, naive_tree_attention
+    from treewy.serve import tree_vllm
+    from treewy.serve import vllm_adapter as A
+    impl_cls, ngram_cls = getattr(stand_in.flash, A.FLASH_IMPL), getattr(stand_in.ngram, A.NGRAM_PROPOSER)
+    runner_cls = getattr(stand_in.runner, A.RUNNER)
+    stock = (impl_cls.forward, ngram_cls.propose)
+    tree_vllm.install("reconstruct", environ={"TREEWY_TREE": "2,1"})      # T = 5, depth 2, N = 4
+    layout, T, bs, Hq, Hkv, D = hooks.TreeLayout((2, 1)), 5, 16, 4, 2, 8
+    gen = torch.Generator().manual_seed(0)
+    kv = torch.randn(7, Hkv, bs, 2 * D, generator=gen)
+    table = torch.tensor([[3, 5, 0], [6, 1, 2], [4, 0, 0]], dtype=torch.int32)
+    runner = runner_cls(max_tokens=3 * T, max_reqs=3, kv_caches={"attn": (kv, D)}, block_table=table)
+    # requests 0 and 2: full windows at num_computed 14 and 3; request 1: one token without drafts
+    sched = stand_in.scheduled(torch.tensor([14, 20, 3]), [[5, 6, -1, 8], [], [1, 2, 3, 4]], [7, 9, 11])
+    _, md = runner._prepare_inputs(sched, [T, 1, T])
+    assert runner.input_ids.gpu[:2 * T + 1].tolist() == [7, 5, 6, 0, 8, 9, 11, 1, 2, 3, 4]   # -1 embedded as 0
+    seq_lens = torch.tensor([14 + T, 21, 3 + T], dtype=torch.int32)
+    qsl = torch.tensor([0, T, T + 1, 2 * T + 1], dtype=torch.int32)
+    fa = stand_in.flash_metadata(2 * T + 1, T, qsl, seq_lens, table)
+    q = torch.randn(2 * T + 1, Hq, D, generator=gen)
+    impl = impl_cls(Hq, D, 0.3, Hkv)
+    out = impl.forward(None, q, None, None, kv, fa, torch.zeros_like(q))
+    k_cache, v_cache = A.split_kv_cache(kv, D)
+    for b, lo in ((0, 0), (2, T + 1)):
+        want = naive_tree_attention(q[lo:lo + T], k_cache, v_cache, table[b:b + 1], seq_lens[b:b + 1] - T,
+                                    torch.tensor([0, T], dtype=torch.int32), layout.parents32, 0.3)
+        torch.testing.assert_close(out[lo:lo + T], want.float())
+    causal = stand_in_vllm.causal_paged_attention(q, k_cache, v_cache, fa, 0.3)
+    torch.testing.assert_close(out[T:T + 1], causal[T:T + 1])
+    assert len(stand_in.attn_calls) == 1                     # the mixed step ran vLLM's for the other row
+
+    # vLLM's logits rows: T per window, one for the request without drafts
+    logits = torch.full((2 * T + 1, 10), -1.0)
+    logits[0, 5] = logits[1, 8] = 1                          # request 0: root -> node 1 (5); node 2 drafted 6, not 8
+    logits[T, 4] = 1                                         # request 1: its one token
+    logits[T + 1, 3] = logits[T + 1 + 3, 4] = logits[T + 1 + 4, 6] = 1   # request 2: root -> node 3 -> node 4
+    sampled = getattr(stand_in.sampler, A.REJECTION_SAMPLER)().forward(md, None, logits,
+                                                                       stand_in.sampling_metadata())
+    assert sampled.sampled_token_ids.tolist() == [[5, 8, -1], [4, -1, -1], [3, 4, 6]]
+    kb, vb = A.split_kv_cache(kv.clone(), D)
+    runner._update_states_after_model_execute(sampled.sampled_token_ids, sched)
+    assert tree_vllm.RUNTIME.windows is None and tree_vllm.RUNTIME.last_windows is None
+    # request 2 accepted nodes 0, 3, 4: their K/V now at num_computed + 0, 1, 2; request 0's (0, 1) were in place
+    want_k, want_v = naive_compact_accepted_kv(kb, vb, table[2:3], torch.tensor([3]), torch.tensor([0, T]),
+                                               torch.tensor([[0, 3, 4]]), torch.tensor([3]))
+    assert not torch.equal(want_k, kb)
+    torch.testing.assert_close(k_cache, want_k, rtol=0, atol=0)
+    torch.testing.assert_close(v_cache, want_v, rtol=0, atol=0)
+
+    token_ids = torch.zeros(2, 32, dtype=torch.int32).numpy()
+    token_ids[0, :9] = [1, 2, 3, 1, 2, 4, 1, 2, 3]
+    drafts = ngram_cls(4).propose(4, [[3], []], torch.tensor([9, 5]).numpy(), token_ids)
+    assert drafts == [hooks.ngram_tree_drafts([token_ids[0, :9].tolist()], layout)[0].tolist(), []]
+    assert len(drafts[0]) == 4 and stand_in.ngram_calls == []
+
+    tree_vllm.uninstall()
+    assert (impl_cls.forward, ngram_cls.propose) == stock

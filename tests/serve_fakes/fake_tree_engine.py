@@ -9,9 +9,11 @@ the batch until all finish (as ``treewy.decode.generate`` keeps them), advancing
 
 With ``vllm`` (a ``stand_in_vllm.StandIn`` where ``tree_vllm.install`` ran) the step goes through vLLM's names
 instead, as vLLM 0.26's runner and GDN layer call them: the runner's ``_prepare_inputs``, the layer module's conv
-kernel and spec kernel (with vLLM's per-request ``num_accepted_tokens``), ``RejectionSampler.forward`` and
-``_update_states_after_model_execute``; the installed hooks do the tree's work there, and only the KV compaction
-(not installed yet) is still a direct hook call.
+kernel and spec kernel (with vLLM's per-request ``num_accepted_tokens``), ``FlashAttentionImpl.forward`` on
+FlashAttention's packed cache [num_blocks, Hkv, block_size, 2 * D], ``RejectionSampler.forward``,
+``_update_states_after_model_execute`` and ``NgramProposer.propose``; the installed hooks do the tree's work there
+(the KV compaction too, inside the after-sample step). The MTP drafts still come from ``MTPDrafter`` (vLLM's tree
+passes are not built: ``tree_vllm.MISSING``).
 """
 
 from __future__ import annotations
@@ -54,8 +56,14 @@ class FakeTreeEngine:
         lay = self.serving.layout
         self._pools(n_slots, B * blocks_per_req + 1, T)
         if self.vllm is not None:
-            self.runner = getattr(self.vllm.runner, A.RUNNER)(max_tokens=B * T, max_reqs=B)
+            s = self.spec
+            caches = {f"layers.{i}.attn": (self.kv[i], s.D) for i in s.attn_layers}
+            self.runner = getattr(self.vllm.runner, A.RUNNER)(max_tokens=B * T, max_reqs=B, kv_caches=caches,
+                                                              block_table=self.block_table)
             self.sampler = getattr(self.vllm.sampler, A.REJECTION_SAMPLER)()
+            self.attn_impl = getattr(self.vllm.flash, A.FLASH_IMPL)(s.Hq, s.D, s.layers[s.attn_layers[0]]
+                                                                    .self_attn.scaling, s.Hkv)
+            self.ngram = getattr(self.vllm.ngram, A.NGRAM_PROPOSER)(T - 1)
         hidden, logits = self._prefill(prompts, cap)
         roots = logits.argmax(-1)
         out = [[int(r)] for r in roots.tolist()]
@@ -69,6 +77,12 @@ class FakeTreeEngine:
         while not all(done):
             if d is not None:
                 drafts = d.propose(lay.tree)[:, 1:]
+            elif self.vllm is not None:   # vLLM's n-gram drafter, on the runner's host copies of the tokens
+                token_ids = np.zeros((B, cap + max_new_tokens + 1), dtype=np.int32)
+                for b, c in enumerate(ctx):
+                    token_ids[b, :len(c)] = c
+                drafts = torch.tensor(self.ngram.propose(T - 1, [[o[-1]] for o in out],
+                                                         np.array([len(c) for c in ctx]), token_ids))
             else:
                 drafts = hooks.ngram_tree_drafts(ctx, lay)
             acc, hid = self._step(roots, drafts)
@@ -100,7 +114,11 @@ class FakeTreeEngine:
 
     def _pools(self, n_slots: int, n_blocks: int, T: int) -> None:
         s, dt = self.spec, next(self.model.parameters()).dtype
-        self.kv = {i: torch.zeros(2, n_blocks, self.block_size, s.Hkv, s.D, dtype=dt) for i in s.attn_layers}
+        if self.vllm is None:
+            self.kv = {i: torch.zeros(2, n_blocks, self.block_size, s.Hkv, s.D, dtype=dt) for i in s.attn_layers}
+        else:
+            self.kv = {i: type(self.vllm).flash_kv_cache(n_blocks, self.block_size, s.Hkv, s.D, dt)
+                       for i in s.attn_layers}
         self.conv = {i: torch.zeros(n_slots, s.C, s.W - 1 + T - 1, dtype=dt) for i in s.gdn_layers}
         if self.mode == "reconstruct":
             self.gdn = {i: ReconstructPools.empty(n_slots, H=s.H, HV=s.HV, K=s.K, V=s.V, max_nodes=T)
@@ -122,13 +140,21 @@ class FakeTreeEngine:
             (self.gdn[i].state if self.mode == "reconstruct" else self.gdn[i])[first] = state
             self.conv[i][first, :, : s.W - 1] = cache.conv[i]
         for i in s.attn_layers:
+            k_cache, v_cache = self._kv_views(i)
             for b, p in enumerate(prompts):
                 dst = slots_of(self.block_table[b:b + 1], torch.arange(len(p))[None], self.block_size)[0]
-                flat = self.kv[i].view(2, -1, s.Hkv, s.D)
-                flat[0, dst] = cache.kv[i].k[b, :, : len(p)].transpose(0, 1)
-                flat[1, dst] = cache.kv[i].v[b, :, : len(p)].transpose(0, 1)
+                blk, off = dst // self.block_size, dst % self.block_size
+                k_cache[blk, off] = cache.kv[i].k[b, :, : len(p)].transpose(0, 1)
+                v_cache[blk, off] = cache.kv[i].v[b, :, : len(p)].transpose(0, 1)
         hooks.reset_accepted(self.serving.slot_accepted, first)
         return hidden, logits
+
+    def _kv_views(self, i):
+        """Layer i's K and V caches as [num_blocks, block_size, Hkv, D] views (of FlashAttention's packed cache with
+        vLLM's names, of [2, num_blocks, ...] without)."""
+        if self.vllm is None:
+            return self.kv[i][0], self.kv[i][1]
+        return A.split_kv_cache(self.kv[i], self.spec.D)
 
     def _step(self, roots, drafts):
         """One spec step of B full windows: inputs, positions (hook), the forward with the tree hooks, the sampler."""
@@ -141,9 +167,10 @@ class FakeTreeEngine:
             positions = (self.num_computed[:, None] + t[None]).reshape(-1)          # the runner's num_computed + t
             hooks.tree_positions(positions, torch.arange(B) * T, lay)
         else:
-            sched = stand_in_scheduled(self.vllm, self.num_computed, drafts)
+            sched = type(self.vllm).scheduled(self.num_computed.clone(), drafts.tolist(), roots.tolist())
             _, spec_md = self.runner._prepare_inputs(sched, np.full(B, T))
             positions = self.runner.positions[: B * T].clone()
+            tokens = getattr(self.runner.input_ids, A.BUFFER_GPU)[: B * T].long()   # what vLLM's model embeds
         seq_lens = self.num_computed + T
         cu = torch.arange(B + 1, dtype=torch.int32) * T
         h = s.embed(tokens[None])
@@ -224,28 +251,31 @@ class FakeTreeEngine:
         q = _apply_rope(attn.q_norm(q).transpose(1, 2), cos, sin)[0].transpose(0, 1)          # [n, Hq, D]
         k = _apply_rope(attn.k_norm(attn.k_proj(x).view(1, n, -1, D)).transpose(1, 2), cos, sin)[0].transpose(0, 1)
         v = attn.v_proj(x).view(n, -1, D)
-        flat = self.kv[i].view(2, -1, *self.kv[i].shape[3:])
-        flat[0, slot_mapping], flat[1, slot_mapping] = k, v
-        o = hooks.tree_attention_spec(q.contiguous(), self.kv[i][0], self.kv[i][1], self.block_table, seq_lens,
-                                      self.serving.layout, attn.scaling)
+        k_cache, v_cache = self._kv_views(i)
+        blk, off = slot_mapping // self.block_size, slot_mapping % self.block_size
+        k_cache[blk, off], v_cache[blk, off] = k, v
+        if self.vllm is None:
+            o = hooks.tree_attention_spec(q.contiguous(), k_cache, v_cache, self.block_table, seq_lens,
+                                          self.serving.layout, attn.scaling)
+        else:   # vLLM's attention layer: the impl's forward on the layer's cache and FlashAttention's metadata
+            B = seq_lens.shape[0]
+            md = type(self.vllm).flash_metadata(n, n // B, torch.arange(B + 1, dtype=torch.int32) * (n // B),
+                                                seq_lens.to(torch.int32), self.block_table.to(torch.int32))
+            o = torch.empty_like(q)
+            self.attn_impl.forward(None, q.contiguous(), k, v, self.kv[i], md, o)
         return attn.o_proj(o.reshape(1, n, -1) * torch.sigmoid(gate.reshape(1, n, -1)))
 
     def _after(self, acc, live) -> None:
         """After the sampler, before the next forward: KV compaction, conv commit, the accepted node per slot, and
         the scheduler's num_computed += length (live requests)."""
         lay, s = self.serving.layout, self.spec
+        if self.vllm is not None:   # the KV moved in the after-sample step; the rest commits in the next forward
+            self.num_computed = self.num_computed + acc.length * live.long()
+            return
         hooks.compact_tree_kv(list(self.kv.values()), lay, acc, self.num_computed, self.block_table, self.block_size,
                               live)
         slots = self.state_idx[:, 0]
-        if self.vllm is not None:   # the commit happens in the next forward (tree_vllm: conv fold, pending state)
-            self.num_computed = self.num_computed + acc.length * live.long()
-            return
         for i in s.gdn_layers:
             hooks.commit_tree_conv(self.conv[i], self.conv_inputs[i], slots, lay, acc.accepted)
         hooks.record_accepted(self.serving.slot_accepted, slots, acc)
         self.num_computed = self.num_computed + acc.length * live.long()
-
-
-def stand_in_scheduled(vllm, num_computed, drafts):
-    """The step as the stand-in runner's _prepare_inputs takes it (vLLM feeds -1 drafts as token 0)."""
-    return type(vllm).scheduled(num_computed.clone(), drafts.tolist())

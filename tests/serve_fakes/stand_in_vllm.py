@@ -2,8 +2,9 @@
 ``plugin.register()`` and the TreeWY layer run on CPU without vLLM: the out-of-tree registry, a Qwen GDN layer whose
 ``_forward_core`` calls the module's spec kernel by keyword (as vLLM 0.26's does), the forward context, MambaSpec
 and the model classes' page planning; for served trees (``tree_vllm``) the layer module's conv kernel, the rejection
-sampler, SamplerOutput and the model runner's two methods, each stock one doing what vLLM's does with the tensors a
-tree touches. What each name means in vLLM is checked by ``vllm_names``, not here."""
+sampler, SamplerOutput, the model runner's two methods with the attributes a tree reads (positions, input ids,
+attention groups, block tables), FlashAttention's impl (causal attention over its packed paged cache) and the n-gram
+drafter, each stock one doing what vLLM's does with the tensors a tree touches. What each name means in vLLM is checked by ``vllm_names``, not here."""
 
 from __future__ import annotations
 
@@ -57,9 +58,57 @@ def buffer(n: int, dtype=torch.int32, fill: int = 0) -> types.SimpleNamespace:
 
 @dataclasses.dataclass
 class Scheduled:
-    """What the stand-in runner's _prepare_inputs needs of a step: per request num_computed and its drafts."""
+    """What the stand-in runner's _prepare_inputs needs of a step: per request num_computed, its drafts, and its
+    last sampled token (the window's root; None: input ids not written)."""
     num_computed: torch.Tensor
     drafts: list
+    roots: list | None = None
+
+
+@dataclasses.dataclass
+class FlashAttentionMetadata:
+    num_actual_tokens: int
+    max_query_len: int
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+
+
+class FlashAttentionBackend:
+    @staticmethod
+    def get_name() -> str:
+        return A.FLASH_BACKEND_NAME
+
+
+@dataclasses.dataclass
+class AttentionGroup:
+    backend: type
+    layer_names: list
+    kv_cache_group_id: int
+
+
+def flash_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int, dtype) -> torch.Tensor:
+    """FlashAttention's cache of one layer: K and V packed in the last dim, [num_blocks, Hkv, block_size, 2 * D]."""
+    return torch.zeros(num_blocks, num_kv_heads, block_size, 2 * head_size, dtype=dtype)
+
+
+def causal_paged_attention(query, k_cache, v_cache, md, scale):
+    """vLLM's FlashAttention on a CPU: each request's queries attend causally to its seq_lens tokens."""
+    out = torch.zeros_like(query)
+    qsl, bs = md.query_start_loc.tolist(), k_cache.shape[1]
+    for b in range(len(qsl) - 1):
+        lo, hi, L = qsl[b], qsl[b + 1], int(md.seq_lens[b])
+        pos = torch.arange(L)
+        blk, off = md.block_table[b, pos // bs].long(), pos % bs
+        k, v = k_cache[blk, off].float(), v_cache[blk, off].float()                   # [L, Hkv, D]
+        q = query[lo:hi].float()                                                      # [n, Hq, D]
+        g = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+        s = torch.einsum("nhd,lhd->hnl", q, k) * scale
+        qpos = L - (hi - lo) + torch.arange(hi - lo)
+        s = s.masked_fill(pos[None, None, :] > qpos[None, :, None], float("-inf"))
+        out[lo:hi] = torch.einsum("hnl,lhd->nhd", s.softmax(-1), v).to(out.dtype)
+    return out
 
 
 class StandIn:
@@ -85,6 +134,11 @@ class StandIn:
         setattr(self.outputs, A.SAMPLER_OUTPUT, SamplerOutput)
         self.runner = types.ModuleType(A.RUNNER_MODULE)
         setattr(self.runner, A.RUNNER, self._runner_class())
+        self.attn_calls, self.ngram_calls = [], []
+        self.flash = types.ModuleType(A.FLASH_MODULE)
+        setattr(self.flash, A.FLASH_IMPL, self._flash_impl_class())
+        self.ngram = types.ModuleType(A.NGRAM_MODULE)
+        setattr(self.ngram, A.NGRAM_PROPOSER, self._ngram_class())
         self.model_modules: dict[str, types.ModuleType] = {}
         for module, name in A.MODEL_CLASSES[line]:
             setattr(self.model_modules.setdefault(module, types.ModuleType(module)), name, self._model_class())
@@ -140,12 +194,21 @@ class StandIn:
         stand_in = self
 
         class GPUModelRunner:
-            def __init__(self, max_tokens: int = 512, max_reqs: int = 16):
+            def __init__(self, max_tokens: int = 512, max_reqs: int = 16, kv_caches=None, block_table=None):
+                """kv_caches: {layer name: (FlashAttention cache, head size)}, one KV-cache group, its block
+                table [max_reqs, blocks]."""
                 self.positions = torch.zeros(max_tokens, dtype=torch.int64)
+                self.input_ids = buffer(max_tokens)
+                kv_caches = kv_caches or {}
+                self.attn_groups = [[AttentionGroup(FlashAttentionBackend, list(kv_caches), 0)]] if kv_caches else []
+                layers = {name: types.SimpleNamespace(kv_cache=c, head_size=d) for name, (c, d) in kv_caches.items()}
+                self.compilation_config = types.SimpleNamespace(static_forward_context=layers)
+                table = types.SimpleNamespace(get_device_tensor=lambda n: block_table[:n])
                 self.query_start_loc = buffer(max_reqs + 1)
                 self.num_accepted_tokens = buffer(max_reqs, fill=1)
-                self.input_batch = types.SimpleNamespace(**{A.BATCH_ACCEPTED_CPU: torch.ones(max_reqs,
-                                                                                            dtype=torch.int32)})
+                self.input_batch = types.SimpleNamespace(**{
+                    A.BATCH_ACCEPTED_CPU: torch.ones(max_reqs, dtype=torch.int32),
+                    A.BATCH_BLOCK_TABLE: types.SimpleNamespace(block_tables=[table])})
                 self.num_accepted_tokens_event, self.uses_mrope, self.use_async_spec_decode = None, False, False
 
             def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
@@ -156,6 +219,9 @@ class StandIn:
                 pos = torch.cat([c + torch.arange(int(k)) for c, k in zip(scheduler_output.num_computed.tolist(), n)])
                 self.positions[: pos.shape[0]] = pos
                 drafts = scheduler_output.drafts
+                if scheduler_output.roots is not None:   # the root, then the drafts as scheduled (-1 kept)
+                    ids = [t for r, d in zip(scheduler_output.roots, drafts) for t in [r, *d]]
+                    self.input_ids.gpu[: len(ids)] = torch.tensor(ids, dtype=torch.int32)
                 md = SpecDecodeMetadata(torch.tensor([t for d in drafts for t in d], dtype=torch.int32),
                                         [len(d) for d in drafts])
                 return None, md
@@ -168,6 +234,40 @@ class StandIn:
                 self.input_batch.num_accepted_tokens_cpu_tensor[:n].copy_(self.num_accepted_tokens.gpu[:n])
 
         return GPUModelRunner
+
+    def _flash_impl_class(self):
+        stand_in = self
+
+        class FlashAttentionImpl:
+            def __init__(self, num_heads, head_size, scale, num_kv_heads):
+                self.num_heads, self.head_size, self.scale, self.num_kv_heads = num_heads, head_size, scale, \
+                    num_kv_heads
+                self.attn_type = "decoder"
+
+            def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
+                        output_block_scale=None):
+                stand_in.attn_calls.append(attn_metadata)
+                k_cache, v_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
+                n = attn_metadata.num_actual_tokens
+                output[:n] = causal_paged_attention(query[:n], k_cache, v_cache, attn_metadata, self.scale)
+                return output
+
+        return FlashAttentionImpl
+
+    def _ngram_class(self):
+        stand_in = self
+
+        class NgramProposer:
+            def __init__(self, k: int, max_model_len: int = 4096):
+                self.k, self.max_n, self.min_n, self.max_model_len = k, 4, 1, max_model_len
+
+            def propose(self, num_speculative_tokens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                        slot_mappings=None):
+                """vLLM's: a chain of k from the longest earlier match (here: nothing matched)."""
+                stand_in.ngram_calls.append(num_speculative_tokens)
+                return [[] for _ in sampled_token_ids]
+
+        return NgramProposer
 
     def _model_class(self):
         stand_in = self
@@ -185,10 +285,12 @@ class StandIn:
 
     scheduled = staticmethod(Scheduled)
     sampling_metadata = staticmethod(SamplingMetadata)
+    flash_metadata = staticmethod(FlashAttentionMetadata)
+    flash_kv_cache = staticmethod(flash_kv_cache)
 
     def install(self, monkeypatch) -> StandIn:
         for mod in (self.gdn, self.custom_op, self.forward_context, self.kv, self.sampler, self.outputs, self.runner,
-                    *self.model_modules.values()):
+                    self.flash, self.ngram, *self.model_modules.values()):
             monkeypatch.setitem(sys.modules, mod.__name__, mod)
         monkeypatch.setattr(A, "installed_version", lambda: f"{self.line}.0")
         return self

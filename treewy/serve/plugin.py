@@ -16,7 +16,9 @@ reads goes through ``vllm_adapter``, one constant or function per name, which ``
    vLLM's conv state and recurrent state, then the stash of ``treewy.serve.reconstruct.stash_layout``.
 3. The model classes' ``get_mamba_state_{shape,dtype}_from_config`` return the same page, so vLLM
    plans its page padding for it.
-4. Wraps the layer module's spec-row kernel (``vllm_adapter.SPEC_UPDATE``): inside a TreeWY layer the
+4. With a served tree (TREEWY_TREE, either mode) installs ``tree_vllm``'s hooks instead of step 5's wrap, once
+   ``tree_vllm.MISSING`` is empty; until then it refuses the tree, naming what is missing.
+5. Without one, wraps the layer module's spec-row kernel (``vllm_adapter.SPEC_UPDATE``): inside a TreeWY layer the
    spec rows run ``reconstruct.vllm_spec_update`` instead, with the same arguments (one launch, as store-all's:
    it reads the packed window and the raw gates, folds the pending commit into the verify and writes the
    stash; no host sync, so it runs inside vLLM's CUDA graphs). Everything else of the layer (conv, prefill,
@@ -42,16 +44,24 @@ def enabled() -> bool:
     return os.environ.get("TREEWY_MODE", "store_all") == "reconstruct"
 
 
-def check_tree_not_requested() -> None:
-    """A served tree (TREEWY_TREE, ``treewy serve --tree``) needs every hook of ``tree_plugin`` inside vLLM; until
-    ``tree_vllm`` installs them all (its ``MISSING`` is empty) refuse, naming what is missing, instead of serving the
-    tree's N DFS-ordered drafts as one chain, which vLLM would verify wrongly."""
+def requested_tree():
+    """The served tree (TREEWY_TREE, ``treewy serve --tree``) as (widths, rates), or None. It needs every hook of
+    ``tree_plugin`` inside vLLM: until ``tree_vllm`` installs them all (its ``MISSING`` is empty) this refuses,
+    naming what is missing, instead of letting vLLM verify the tree's N DFS-ordered drafts as one chain."""
     from treewy.serve.tree_plugin import tree_from_env
 
     tree = tree_from_env()
     if tree is not None:
         from treewy.serve.tree_vllm import refuse_incomplete
         refuse_incomplete(tree)
+    return tree
+
+
+def _active_pools():
+    """The stash pools of the TreeWY GDN layer running now (None outside one): where a served tree's reconstruct
+    step reads and writes."""
+    layer = _ACTIVE_LAYER.get()
+    return None if layer is None else layer.treewy_pools()
 
 
 def speculative_blocks(num_spec: int) -> int:
@@ -84,17 +94,37 @@ def register() -> None:
     """vLLM general-plugin entry point; re-entrant (vLLM may call it several times per process)."""
     if fp32_prefill.requested():  # either mode: the fp32 equality check (see fp32_prefill)
         fp32_prefill.install()
-    check_tree_not_requested()
+    tree = requested_tree()
     if not enabled():
+        if tree is not None:      # store-all's tree: vLLM's pools, N + 1 blocks per request, the tree hooks
+            _install_tree("store_all")
         return
-    version = adapter.installed_version()
-    if version is None:
-        raise ImportError("TREEWY_MODE=reconstruct needs vLLM: " + adapter.unsupported_message("(none installed)"))
-    line = adapter.check_version(version)
+    line = _check_vllm("TREEWY_MODE=reconstruct")
     gdn = adapter.gdn_module()
     adapter.register_layer(gdn, _layer_class(gdn, line))
-    _wrap_spec_update(gdn)
+    if tree is None:
+        _wrap_spec_update(gdn)
+    else:                         # the tree's spec step replaces the chain's (tree_vllm's route, the layer's pools)
+        _install_tree("reconstruct")
     _patch_model_classes(adapter.MODEL_CLASSES[line])
+
+
+def _check_vllm(what: str) -> str:
+    version = adapter.installed_version()
+    if version is None:
+        raise ImportError(f"{what} needs vLLM: " + adapter.unsupported_message("(none installed)"))
+    line = adapter.check_version(version)
+    if what.startswith("TREEWY_TREE") and line not in adapter.TREE_LINES:
+        raise ValueError(f"{what}: served trees are wired for vLLM {', '.join(adapter.TREE_LINES)} only, installed "
+                         f"{version}: serve a chain (drop --tree) or install vLLM 0.26")
+    return line
+
+
+def _install_tree(mode: str) -> None:
+    from treewy.serve import tree_vllm
+
+    _check_vllm(f"TREEWY_TREE={os.environ.get('TREEWY_TREE')}")
+    tree_vllm.install(mode, active_pools=_active_pools)
 
 
 def _page_from_vllm_config(stock_shapes, stock_dtypes, vllm_config):

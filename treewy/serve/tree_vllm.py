@@ -12,33 +12,51 @@ vLLM's back. Installed so far, in the order of vLLM's step:
    ``num_accepted_tokens`` becomes the accepted node + 1 (a chain's length, a tree's node), which vLLM moves with the
    request's row and hands to the GDN layers next step; that is all the GDN layers need to commit.
 
+5. the softmax layers: ``FlashAttentionImpl.forward`` runs the tree attention op on the full windows
+   (``tree_window_attention``: prefix = seq_lens - T, vLLM's block table and query_start_loc, the layout's parents);
+6. after the sampler, the KV compaction of every FlashAttention layer (``compact_window_kv``: the accepted path from
+   num_computed + path[j] to num_computed + j, with its KV-cache group's block table), before the next step writes;
+7. the n-gram drafter: ``NgramProposer.propose`` drafts the tree on the host (``ngram_tree_drafts``), N tokens per
+   request in DFS order, -1 where nothing continues (the runner's input ids see 0 there; the sampler sees -1).
+
 The previous window's commit happens in the next forward, inside the graph: the GDN state's pending fold (as for
 chains; reconstruct's ``meta`` says whether anything is pending), and the conv state's. vLLM's conv pool holds
 W - 1 + N columns per slot: after a window, columns 0..W - 2 hold the committed inputs advanced by the root (always
 accepted) and columns W - 1.. the inputs of nodes 1..N, so the next step's fold is one gather (``fold_tree_conv``).
-Not installed yet (``MISSING``): the proposer's tree passes, the tree attention backend and the KV compaction.
+Not installed yet (``MISSING``): the MTP proposer's tree passes.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from treewy.serve import vllm_adapter as adapter
+from treewy.serve.tree_commit import kv_compaction
 from treewy.serve.tree_plugin import (
-    TreeServing, store_all_tree_update, tree_conv, tree_from_env, tree_positions, tree_rejection_sample,
-    tree_spec_update,
+    TreeServing, ngram_tree_drafts, store_all_tree_update, tree_attention_spec, tree_conv, tree_from_env,
+    tree_positions, tree_rejection_sample, tree_spec_update,
 )
-from treewy.serve.tree_spec import TreeLayout
+from treewy.serve.tree_spec import TreeAcceptance, TreeLayout
 
 #: What a served tree still needs from vLLM, which ``install`` does not wire yet.
-MISSING = ("the proposer's tree passes (EagleProposer: the MTP head's top-w per level; n-gram trees on the host)",
-           "the tree attention backend of the softmax layers (AttentionBackendEnum.CUSTOM)",
-           "the KV compaction of the accepted path after the sampler")
+MISSING = ("the MTP proposer's tree passes (EagleProposer.propose: the root pass's top-w, then D - 1 passes over each "
+           "depth's nodes with the tree mask in the drafter's attention)",)
 
 _INSTALLED: list[tuple[object, object]] = []   # (restore function, vLLM's original), in install order
+
+
+@dataclass(frozen=True)
+class _Windows:
+    """A step's full tree windows, from ``_prepare_inputs``: their requests (device int64 [n]), each one's committed
+    prefix (num_computed, device int64 [n]), whether every request of the step is one, and the step's requests."""
+    rows: torch.Tensor
+    num_computed: torch.Tensor
+    all_full: bool
+    num_reqs: int
 
 
 class _Runtime:
@@ -48,6 +66,8 @@ class _Runtime:
         self.widths, self.mode, self.rates = tuple(widths), mode, rates
         self._serving: dict[torch.device, TreeServing] = {}
         self.last_accepted: torch.Tensor | None = None   # int64 [B]: the sampler's accepted node per request
+        self.windows: _Windows | None = None             # this step's full windows (``_prepare_inputs``)
+        self.last_windows: tuple | None = None           # (rows, TreeAcceptance): what the compaction moves
 
     def serving(self, device) -> TreeServing:
         device = torch.device(device)
@@ -89,9 +109,11 @@ def install(mode: str, *, active_pools=lambda: None, environ=os.environ) -> None
     _replace(lambda c: c.__dict__[adapter.SAMPLER_FORWARD], lambda c, f: setattr(c, adapter.SAMPLER_FORWARD, f),
              sampler, _sampler_forward)
     runner = adapter.runner_class()
-    for name, wrap in ((adapter.PREPARE_INPUTS, _prepare_inputs), (adapter.AFTER_SAMPLE, _after_sample)):
-        _replace(lambda c, n=name: c.__dict__[n], lambda c, f, n=name: setattr(c, n, f), runner,
-                 wrap(runner.__dict__[name]))
+    for cls, name, wrap in ((runner, adapter.PREPARE_INPUTS, _prepare_inputs), (runner, adapter.AFTER_SAMPLE,
+                                                                                 _after_sample),
+                            (adapter.flash_impl_class(), adapter.ATTN_FORWARD, _attention_forward),
+                            (adapter.ngram_proposer_class(), adapter.NGRAM_PROPOSE, lambda stock: _ngram_propose)):
+        _replace(lambda c, n=name: c.__dict__[n], lambda c, f, n=name: setattr(c, n, f), cls, wrap(cls.__dict__[name]))
 
 
 def uninstall() -> None:
@@ -212,6 +234,7 @@ def _sampler_forward(self, metadata, draft_probs, logits, sampling_metadata):
         acc = tree_rejection_sample(serving, drafts.long(), logits[idx].float(), t)
         at = torch.as_tensor(tree, device=logits.device)
         out[at], accepted[at] = acc.output_token_ids.to(torch.int32), acc.accepted
+        RUNTIME.last_windows = (at, acc)
     plain = np.flatnonzero(np.asarray(counts) == 0)
     if plain.size:
         pl = logits[torch.as_tensor(np.flatnonzero(np.isin(rows, plain)), device=logits.device)].float()
@@ -229,18 +252,26 @@ def _sampler_forward(self, metadata, draft_probs, logits, sampling_metadata):
 def _prepare_inputs(stock):
     def prepare_inputs(self, scheduler_output, num_scheduled_tokens):
         result = stock(self, scheduler_output, num_scheduled_tokens)
+        RUNTIME.windows = None
         spec = result[1]
         if spec is not None:
             _, counts = adapter.spec_drafts(spec)
             positions = adapter.runner_positions(self)
-            layout = RUNTIME.serving(positions[0].device).layout
+            dev = positions[0].device
+            layout = RUNTIME.serving(dev).layout
             n = len(counts)
             full = (np.asarray(counts) == layout.num_drafts) & (np.asarray(num_scheduled_tokens[:n]) ==
                                                                 layout.num_nodes)
+            starts = torch.as_tensor(np.asarray(adapter.runner_starts(self, n))[full], device=dev).long()
+            RUNTIME.windows = _Windows(torch.as_tensor(np.flatnonzero(full), device=dev), positions[0][starts].long(),
+                                       bool(full.all()), n)
             if full.any():
-                starts = torch.as_tensor(np.asarray(adapter.runner_starts(self, n))[full], device=positions[0].device)
                 for p in positions:
                     tree_positions(p, starts, layout)
+                # a node with nothing drafted (-1, which the sampler rejects) is embedded as token 0
+                idx = starts[:, None] + torch.arange(layout.num_nodes, device=dev)[None]
+                ids = adapter.runner_input_ids(self)
+                ids[idx] = ids[idx].clamp(min=0)
         return result
     return prepare_inputs
 
@@ -249,6 +280,8 @@ def _after_sample(stock):
     def after_sample(self, output_token_ids, scheduler_output):
         stock(self, output_token_ids, scheduler_output)
         accepted, RUNTIME.last_accepted = RUNTIME.last_accepted, None
+        windows, RUNTIME.windows = RUNTIME.windows, None        # the drafter's passes are no tree windows
+        moved, RUNTIME.last_windows = RUNTIME.last_windows, None
         if accepted is None:
             return
         if adapter.uses_async_spec_decode(self):
@@ -256,4 +289,101 @@ def _after_sample(stock):
                              "num_accepted_tokens as lengths; a tree's is the accepted node + 1): serve with "
                              "--no-async-scheduling")
         adapter.set_num_accepted(self, (accepted + 1).to(torch.int32))
+        if moved is None or windows is None:
+            return
+        rows, acc = moved
+        layout = RUNTIME.serving(accepted.device).layout
+        for kv_cache, table, head in adapter.flash_kv_caches(self, accepted.shape[0]):
+            k_cache, v_cache = adapter.split_kv_cache(kv_cache, head)
+            compact_window_kv(k_cache, v_cache, table[rows], windows.num_computed, acc, layout)
     return after_sample
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The softmax layers and their KV after acceptance
+# ------------------------------------------------------------------------------------------------------------------
+
+def tree_window_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                          layout: TreeLayout, scale: float, output: torch.Tensor,
+                          rows: torch.Tensor | None = None) -> None:
+    """In place: ``output`` [num_tokens, Hq, D] of the full windows becomes the tree attention over vLLM's paged KV
+    (k_cache, v_cache [num_blocks, block_size, Hkv, D], the window's K/V already written at the slot mapping):
+    prefix = seq_lens - T, vLLM's block table rows. rows None: every request of the batch is a window (the uniform
+    batch a full CUDA graph replays; requests padded in with seq_lens below T read from prefix 0); else the requests
+    ``rows`` (device int64), each window at its query_start_loc."""
+    T = layout.num_nodes
+    if rows is None:
+        B = query_start_loc.shape[0] - 1
+        o = tree_attention_spec(query[: B * T], k_cache, v_cache, block_table[:B], seq_lens[:B].clamp(min=T),
+                                layout, scale)
+        output[: B * T] = o.to(output.dtype)
+        return
+    idx = (query_start_loc[rows].long()[:, None] + torch.arange(T, device=query.device)[None]).reshape(-1)
+    o = tree_attention_spec(query[idx].contiguous(), k_cache, v_cache, block_table[rows], seq_lens[rows], layout,
+                            scale)
+    output[idx] = o.to(output.dtype)
+
+
+def compact_window_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, prefix: torch.Tensor,
+                      acc: TreeAcceptance, layout: TreeLayout) -> None:
+    """In place: each window's accepted path's K/V from prefix + path[j] to prefix + j (the slots the scheduler now
+    counts as committed), in vLLM's paged layout (k_cache, v_cache [num_blocks, block_size, Hkv, D], views of one
+    FlashAttention cache). block_table [B, blocks] and prefix [B]: the windows' rows."""
+    if k_cache.is_cuda:
+        from treewy.ops.attention.kernel import compact_accepted_kv
+        B = prefix.shape[0]
+        cu = (torch.arange(B + 1, device=prefix.device) * layout.num_nodes).to(torch.int32)
+        compact_accepted_kv(k_cache, v_cache, block_table.to(torch.int32), prefix.to(torch.int32), cu,
+                            acc.path.clamp(min=0).to(torch.int32), acc.length.to(torch.int32))
+        return
+    bs = k_cache.shape[1]
+    src, dst = kv_compaction(layout, acc, prefix, block_table, bs)
+    for cache in (k_cache, v_cache):
+        cache[dst // bs, dst % bs] = cache[src // bs, src % bs]
+
+
+def _attention_forward(stock):
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
+        head, scale, decoder = adapter.impl_dims(self)
+        if RUNTIME is None or attn_metadata is None or not decoder:
+            return stock(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+        n, max_q, qsl, seq_lens, table = adapter.flash_windows(attn_metadata)
+        layout, windows = RUNTIME.serving(query.device).layout, RUNTIME.windows
+        T = layout.num_nodes
+        if windows is None:
+            # no step of the runner's (a capture's dummy batch, a drafter pass): windows by the batch's shape
+            if not (max_q == T and n == (qsl.shape[0] - 1) * T):
+                return stock(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+            rows = None
+        elif windows.all_full:
+            rows = None
+        else:   # a mixed step (eager or piecewise): vLLM's attention for every row, then the windows' own
+            stock(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+            if windows.rows.numel() == 0:
+                return output
+            rows = windows.rows
+        k_cache, v_cache = adapter.split_kv_cache(kv_cache, head)
+        tree_window_attention(query, k_cache, v_cache, table, seq_lens, qsl, layout, scale, output, rows)
+        return output
+    return forward
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The n-gram drafter
+# ------------------------------------------------------------------------------------------------------------------
+
+def _ngram_propose(self, num_speculative_tokens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                   slot_mappings=None):
+    """NgramProposer.propose for a served tree: every request that sampled this step (and has room left) gets the
+    n-gram tree of its tokens so far (``ngram_tree_drafts``), N tokens in DFS order, -1 where nothing continues;
+    the others none. Host code, as vLLM's."""
+    layout = RUNTIME.serving("cpu").layout
+    max_n, max_len = adapter.ngram_limits(self)
+    rows = [i for i, s in enumerate(sampled_token_ids) if len(s) and 0 < num_tokens_no_spec[i] < max_len]
+    out: list[list[int]] = [[] for _ in sampled_token_ids]
+    if rows:
+        contexts = [token_ids_cpu[i, : num_tokens_no_spec[i]].tolist() for i in rows]
+        for i, d in zip(rows, ngram_tree_drafts(contexts, layout, max_n).tolist()):
+            out[i] = d
+    return out

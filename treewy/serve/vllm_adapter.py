@@ -322,3 +322,79 @@ def set_num_accepted(runner, counts) -> None:
     event = getattr(runner, RUNNER_ACCEPTED_EVENT)
     if event is not None:
         event.record()
+
+#: The softmax layers' attention: FlashAttention's impl, whose forward a served tree replaces for its windows
+#: (``tree_vllm``), and the FlashAttentionMetadata fields that forward reads (all device tensors but the two counts).
+FLASH_MODULE, FLASH_IMPL, FLASH_BACKEND_NAME = ("vllm.v1.attention.backends.flash_attn", "FlashAttentionImpl",
+                                                "FLASH_ATTN")
+ATTN_FORWARD, ATTN_FORWARD_PARAMS = "forward", ("self", "layer", "query", "key", "value", "kv_cache",
+                                                "attn_metadata", "output")
+IMPL_HEAD_SIZE, IMPL_SCALE, IMPL_ATTN_TYPE = "head_size", "scale", "attn_type"
+FA_NUM_TOKENS, FA_MAX_QUERY_LEN, FA_QUERY_START, FA_SEQ_LENS, FA_BLOCK_TABLE = (
+    "num_actual_tokens", "max_query_len", "query_start_loc", "seq_lens", "block_table")
+DECODER_ATTN = "decoder"   # AttentionType.DECODER's value (vllm/v1/attention/backend.py)
+#: The runner's attention groups (backend, layer names, KV-cache group), the layers by name in the forward context
+#: (each holding its bound KV cache), and the input batch's block tables per KV-cache group.
+RUNNER_ATTN_GROUPS, RUNNER_COMPILATION_CONFIG, STATIC_FORWARD_CONTEXT = ("attn_groups", "compilation_config",
+                                                                        "static_forward_context")
+GROUP_BACKEND, GROUP_LAYER_NAMES, GROUP_KV_CACHE_GROUP = "backend", "layer_names", "kv_cache_group_id"
+BATCH_BLOCK_TABLE, BLOCK_TABLES, BLOCK_TABLE_DEVICE = "block_table", "block_tables", "get_device_tensor"
+LAYER_KV_CACHE_ATTR, LAYER_HEAD_SIZE = "kv_cache", "head_size"
+#: The runner's token-id buffer (CpuGpuBuffer, int32 [max_num_tokens]) that the model embeds.
+RUNNER_INPUT_IDS = "input_ids"
+#: vLLM's n-gram drafter (host code): its propose, called by the runner with these arguments.
+NGRAM_MODULE, NGRAM_PROPOSER, NGRAM_PROPOSE = "vllm.v1.spec_decode.ngram_proposer", "NgramProposer", "propose"
+NGRAM_PROPOSE_PARAMS = ("self", "num_speculative_tokens", "sampled_token_ids", "num_tokens_no_spec", "token_ids_cpu")
+NGRAM_MAX_N, NGRAM_MAX_MODEL_LEN = "max_n", "max_model_len"
+
+
+def flash_impl_class():
+    return getattr(importlib.import_module(FLASH_MODULE), FLASH_IMPL)
+
+
+def ngram_proposer_class():
+    return getattr(importlib.import_module(NGRAM_MODULE), NGRAM_PROPOSER)
+
+
+def ngram_limits(proposer) -> tuple:
+    """(longest n-gram it matches, max_model_len) of vLLM's n-gram drafter."""
+    return getattr(proposer, NGRAM_MAX_N), getattr(proposer, NGRAM_MAX_MODEL_LEN)
+
+
+def flash_windows(md) -> tuple:
+    """(num_actual_tokens, max_query_len, query_start_loc, seq_lens, block_table) of a FlashAttentionMetadata."""
+    return tuple(getattr(md, f) for f in (FA_NUM_TOKENS, FA_MAX_QUERY_LEN, FA_QUERY_START, FA_SEQ_LENS,
+                                          FA_BLOCK_TABLE))
+
+
+def impl_dims(impl) -> tuple:
+    """(head_size, scale, is a decoder self-attention) of an attention impl."""
+    kind = getattr(impl, IMPL_ATTN_TYPE)
+    return getattr(impl, IMPL_HEAD_SIZE), getattr(impl, IMPL_SCALE), getattr(kind, "value", kind) == DECODER_ATTN
+
+
+def split_kv_cache(kv_cache, head_size: int) -> tuple:
+    """FlashAttention's packed cache [num_blocks, Hkv, block_size, 2 * D] as its key and value views, each
+    [num_blocks, block_size, Hkv, D] (what its forward does: ``kv_cache.transpose(1, 2).split(head_size, -1)``)."""
+    return tuple(kv_cache.transpose(1, 2).split(head_size, dim=-1))
+
+
+def flash_kv_caches(runner, num_reqs: int) -> list:
+    """(kv_cache, block_table [num_reqs, blocks], head_size) of every FlashAttention layer the runner holds, with its
+    KV-cache group's block table."""
+    layers = getattr(getattr(runner, RUNNER_COMPILATION_CONFIG), STATIC_FORWARD_CONTEXT)
+    tables = getattr(getattr(getattr(runner, RUNNER_INPUT_BATCH), BATCH_BLOCK_TABLE), BLOCK_TABLES)
+    out = []
+    for groups in getattr(runner, RUNNER_ATTN_GROUPS):
+        for group in groups:
+            if getattr(group, GROUP_BACKEND).get_name() != FLASH_BACKEND_NAME:
+                continue
+            table = getattr(tables[getattr(group, GROUP_KV_CACHE_GROUP)], BLOCK_TABLE_DEVICE)(num_reqs)
+            for name in getattr(group, GROUP_LAYER_NAMES):
+                layer = layers[name]
+                out.append((getattr(layer, LAYER_KV_CACHE_ATTR), table, getattr(layer, LAYER_HEAD_SIZE)))
+    return out
+
+
+def runner_input_ids(runner):
+    return getattr(getattr(runner, RUNNER_INPUT_IDS), BUFFER_GPU)

@@ -88,6 +88,28 @@ TREE_NAMES: tuple[Name, ...] = (
         A.RUNNER_NUM_ACCEPTED, A.RUNNER_ACCEPTED_EVENT, A.RUNNER_INPUT_BATCH, A.RUNNER_ASYNC_SPEC)),
     Name(A.INPUT_BATCH_MODULE, f"{A.INPUT_BATCH}.{A.BATCH_ACCEPTED_CPU}", kind="instance"),
     *(Name(A.BUFFER_MODULE, f"{A.BUFFER}.{attr}", kind="instance") for attr in (A.BUFFER_GPU, A.BUFFER_NP)),
+    # the softmax layers' attention and the compaction's way to every layer's cache and block table
+    Name(A.FLASH_MODULE, f"{A.FLASH_IMPL}.{A.ATTN_FORWARD}", A.ATTN_FORWARD_PARAMS),
+    *(Name(A.FLASH_MODULE, f"{A.FLASH_IMPL}.{attr}", kind="instance") for attr in (
+        A.IMPL_HEAD_SIZE, A.IMPL_SCALE, A.IMPL_ATTN_TYPE)),
+    Name(A.FLASH_MODULE, "FlashAttentionBackend.get_name"),
+    *(Name(A.FLASH_MODULE, f"FlashAttentionMetadata.{f}", kind="field") for f in (
+        A.FA_NUM_TOKENS, A.FA_MAX_QUERY_LEN, A.FA_QUERY_START, A.FA_SEQ_LENS, A.FA_BLOCK_TABLE)),
+    Name("vllm.v1.attention.backend", "AttentionType.DECODER", kind="attr"),
+    *(Name(A.RUNNER_MODULE, f"{A.RUNNER}.{attr}", kind="instance") for attr in (
+        A.RUNNER_ATTN_GROUPS, A.RUNNER_COMPILATION_CONFIG, A.RUNNER_INPUT_IDS)),
+    Name("vllm.config.compilation", f"CompilationConfig.{A.STATIC_FORWARD_CONTEXT}", kind="field"),
+    *(Name("vllm.v1.worker.utils", f"AttentionGroup.{f}", kind="field") for f in (
+        A.GROUP_BACKEND, A.GROUP_LAYER_NAMES, A.GROUP_KV_CACHE_GROUP)),
+    Name(A.INPUT_BATCH_MODULE, f"{A.INPUT_BATCH}.{A.BATCH_BLOCK_TABLE}", kind="instance"),
+    Name("vllm.v1.worker.block_table", f"MultiGroupBlockTable.{A.BLOCK_TABLES}", kind="instance"),
+    Name("vllm.v1.worker.block_table", f"BlockTable.{A.BLOCK_TABLE_DEVICE}", ("self", "num_reqs")),
+    *(Name("vllm.model_executor.layers.attention.attention", f"Attention.{attr}", kind="instance") for attr in (
+        A.LAYER_KV_CACHE_ATTR, A.LAYER_HEAD_SIZE)),
+    # the n-gram drafter a served tree drafts through
+    Name(A.NGRAM_MODULE, f"{A.NGRAM_PROPOSER}.{A.NGRAM_PROPOSE}", A.NGRAM_PROPOSE_PARAMS),
+    *(Name(A.NGRAM_MODULE, f"{A.NGRAM_PROPOSER}.{attr}", kind="instance") for attr in (
+        A.NGRAM_MAX_N, A.NGRAM_MAX_MODEL_LEN)),
 )
 
 
@@ -104,7 +126,7 @@ def names_for(line: str) -> tuple[Name, ...]:
 FLAGS: dict[str, tuple[str, ...]] = {
     "vllm/engine/arg_utils.py": ("--speculative-config", "--gpu-memory-utilization", "--tensor-parallel-size",
                                  "--max-num-seqs", "--enable-prefix-caching", "--compilation-config",
-                                 "--max-model-len", "--served-model-name"),
+                                 "--max-model-len", "--served-model-name", "--async-scheduling"),
     "vllm/benchmarks/serve.py": ("--backend", "--base-url", "--endpoint", "--model", "--max-concurrency",
                                  "--request-rate", "--percentile-metrics", "--metric-percentiles", "--save-result",
                                  "--result-dir", "--result-filename", "--ignore-eos"),
@@ -119,6 +141,9 @@ FLAGS: dict[str, tuple[str, ...]] = {
     # the HF config fields the plugin reads off hf_text_config are the ones vLLM's layer reads off its config
     GDN.replace(".", "/") + ".py": tuple(f"config.{a}" for a in A.CONFIG_HEADS.values()),
     "vllm/config/cache.py": (f'"{A.NO_MAMBA_CACHE}"',),
+    # the backend name tree_vllm's compaction picks layers by, and AttentionType.DECODER's value
+    A.FLASH_MODULE.replace(".", "/") + ".py": (f'return "{A.FLASH_BACKEND_NAME}"',),
+    "vllm/v1/attention/backend.py": (f'DECODER = "{A.DECODER_ATTN}"',),
 }
 
 
