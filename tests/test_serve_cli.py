@@ -209,6 +209,15 @@ def test_tree_sets_n_drafts_the_plugin_and_graphs_for_n_plus_one(capsys, mode, d
     assert any(line.startswith("# tree: (2, 2, 1), N = 10") and blocks in line for line in out)
 
 
+def test_a_served_tree_turns_async_scheduling_off_and_a_chain_keeps_it(capsys):
+    """tree_vllm carries the accepted node in vLLM's num_accepted_tokens, which async spec decode would recount."""
+    for mode in ("store_all", "reconstruct"):
+        argv, _, _ = _dry(capsys, "--model", "m", "--mode", mode, "--tree", "2,2")
+        assert argv.count("--no-async-scheduling") == 1
+        argv, _, _ = _dry(capsys, "--model", "m", "--mode", mode)
+        assert not any("async-scheduling" in a for a in argv)
+
+
 def test_tree_on_dummy_weights_passes_per_depth_rates_to_the_plugin(capsys):
     _, env, out = _dry(capsys, "--model", "m", "--tree", "3,3,3", "--acceptance", "rates=0.9,0.7,0.5",
                        "--", "--load-format", "dummy")

@@ -318,6 +318,8 @@ def build_command(opts: ServeOptions) -> tuple[list[str], dict[str, str]]:
     if opts.served_model_name:
         argv += ["--served-model-name", opts.served_model_name]
     argv += list(plan.flags)
+    if tree is not None:   # vLLM's async spec decode recounts num_accepted_tokens, where a tree carries its node
+        argv.append("--no-async-scheduling")
     env = {"TREEWY_MODE": opts.mode}
     if opts.mode == "reconstruct" or tree is not None:  # stock vLLM drafts chains only: a tree needs the plugin
         env["VLLM_PLUGINS"] = PLUGIN_NAME
