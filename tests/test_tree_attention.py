@@ -137,6 +137,17 @@ def test_a_low_max_nodes_bound_costs_time_not_results():
     assert torch.equal(tree_attention(**case, max_nodes=1), tree_attention(**case))
 
 
+def test_unchecked_indices_give_the_checked_result():
+    """check_values=False (a server's eager step: no host read of the indices) computes what the checked call does,
+    needs max_nodes, and a bad switch value is refused."""
+    case = make_case([T221, DraftTree.chain(4)], [3, 9], 8, 2, 16, 4, seed=2)
+    assert torch.equal(tree_attention(**case, max_nodes=T221.num_nodes, check_values=False), tree_attention(**case))
+    with pytest.raises(ValueError, match="max_nodes is None .* check_values=False"):
+        tree_attention(**case, check_values=False)
+    with pytest.raises(ValueError, match="check_values = 'no'"):
+        tree_attention(**case, check_values="no")
+
+
 def test_chain_is_causal_attention_over_prefix_and_window():
     chain = DraftTree.chain(5)
     case = make_case([chain, chain], [7, 12], 4, 2, 16, 4, seed=3)
@@ -191,6 +202,15 @@ def test_compact_moves_the_accepted_path_like_a_copy_of_the_original(name, paths
     for b, (path, P) in enumerate(zip(paths, prefix)):  # the reference's claim, token by token
         src, dst = (P + torch.tensor(x, dtype=torch.long) for x in (path, range(len(path))))
         assert torch.equal(rk[bt[b, dst // bs], dst % bs], case["k_cache"][bt[b, src // bs], src % bs])
+
+
+def test_unchecked_compaction_moves_the_same_path():
+    case, acc, n_acc = compact_case([[0, 2, 3], [0, 1]], [5, 2], [4, 3])
+    args = [case[k] for k in ("k_cache", "v_cache", "block_table", "prefix_lens", "cu_nodes")]
+    k1, v1, k2, v2 = (x.clone() for x in (case["k_cache"], case["v_cache"]) * 2)
+    compact_accepted_kv(k1, v1, *args[2:], acc, n_acc)
+    compact_accepted_kv(k2, v2, *args[2:], acc, n_acc, check_values=False)
+    assert torch.equal(k1.nan_to_num(7.0), k2.nan_to_num(7.0)) and torch.equal(v1.nan_to_num(7.0), v2.nan_to_num(7.0))
 
 
 def test_the_compacted_path_is_the_chain_the_accepted_path_was():

@@ -147,7 +147,7 @@ def tree_attention_spec(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     if q.is_cuda:
         from treewy.ops.attention.kernel import tree_attention
         return tree_attention(q, k_cache, v_cache, block_table.to(torch.int32), prefix, cu, parents, scale,
-                              max_nodes=T)
+                              max_nodes=T, check_values=False)   # the engine's indices: no host read
     from treewy.ops.attention.naive import naive_tree_attention
     return naive_tree_attention(q, k_cache, v_cache, block_table, prefix, cu, parents, scale)
 

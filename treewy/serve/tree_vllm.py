@@ -335,7 +335,8 @@ def compact_window_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table:
         B = prefix.shape[0]
         cu = (torch.arange(B + 1, device=prefix.device) * layout.num_nodes).to(torch.int32)
         compact_accepted_kv(k_cache, v_cache, block_table.to(torch.int32), prefix.to(torch.int32), cu,
-                            acc.path.clamp(min=0).to(torch.int32), acc.length.to(torch.int32))
+                            acc.path.clamp(min=0).to(torch.int32), acc.length.to(torch.int32),
+                            check_values=False)   # the engine's indices: no host read each step
         return
     bs = k_cache.shape[1]
     src, dst = kv_compaction(layout, acc, prefix, block_table, bs)

@@ -196,8 +196,17 @@ def _check_unit_stride(name: str, x: torch.Tensor) -> None:
                          "dim (the head dim); pass a view with unit stride there, e.g. x.contiguous()")
 
 
+def _check_values(check_values) -> bool:
+    """Whether to read index tensors on the host to check them: never inside CUDA-graph capture; otherwise
+    ``check_values`` (None: yes). A server's per-step eager call passes False: its indices come from the engine and a
+    host read would sync every step."""
+    if check_values not in (None, True, False):
+        raise ValueError(f"check_values = {check_values!r}: expected None, True or False")
+    return not is_capturing() and check_values is not False
+
+
 def tree_attention(q, k_cache, v_cache, block_table, prefix_lens, cu_nodes, parents, scale=None, *, max_nodes=None,
-                   return_lse=False, out=None):
+                   return_lse=False, out=None, check_values=None):
     """Each window node's attention over its request's committed prefix and its own window ancestors, itself
     included (kernel twin of ``naive_tree_attention``, same arguments).
 
@@ -208,7 +217,8 @@ def tree_attention(q, k_cache, v_cache, block_table, prefix_lens, cu_nodes, pare
     window-local, -1 for the root. ``scale`` None gives D ** -0.5. ``max_nodes``: a bound on the nodes of any request
     that sizes the grid (None reads cu_nodes on the host; pass it inside CUDA-graph capture). ``out``: a
     [total_nodes, Hq, D] tensor to write into (a view of the engine's output buffer). Rows past cu_nodes[B] are not
-    written. Returns o in q's dtype, and with ``return_lse`` also the natural-log LSE [total_nodes, Hq] in fp32.
+    written. ``check_values``: False skips the host read of the index tensors (``_check_values``). Returns o in q's
+    dtype, and with ``return_lse`` also the natural-log LSE [total_nodes, Hq] in fp32.
     """
     dims = paged_dims(q, k_cache, v_cache, block_table, prefix_lens, cu_nodes)
     par = check_parents_layout(parents, dims, q.device)
@@ -222,14 +232,14 @@ def tree_attention(q, k_cache, v_cache, block_table, prefix_lens, cu_nodes, pare
     if q.shape[-1] > 1 and q.stride(-1) != 1:
         q = q.contiguous()
     scale = check_scale(scale, dims.D)
-    values = not is_capturing()
+    values = _check_values(check_values)
     if values:
         n = check_index_values(dims, block_table, prefix_lens, cu_nodes, par)
         check_finite(q=q)
     if max_nodes is None:
         if not values:
-            raise ValueError("max_nodes is None inside CUDA-graph capture; pass a bound on the nodes per request "
-                             "(the tree's node count)")
+            raise ValueError("max_nodes is None inside CUDA-graph capture or with check_values=False; pass a bound "
+                             "on the nodes per request (the tree's node count)")
         max_nodes = int(n.max()) if n.numel() else 0
     elif as_int(max_nodes) is None or as_int(max_nodes) < 0:
         raise ValueError(f"max_nodes = {max_nodes!r}: expected a non-negative int (a bound on the nodes per "
@@ -282,12 +292,14 @@ def compact_accepted_kv_kernel(
             tl.store(p_v + b_dst * stride_vb + (i_dst % BS) * stride_vs, b_v, mask=m_d)
 
 
-def compact_accepted_kv(k_cache, v_cache, block_table, prefix_lens, cu_nodes, accepted, accepted_len):
+def compact_accepted_kv(k_cache, v_cache, block_table, prefix_lens, cu_nodes, accepted, accepted_len, *,
+                        check_values=None):
     """Move each request's accepted path's K/V to consecutive tokens, in place: window node accepted[b, i] (root
     first, increasing) to token prefix_lens[b] + i, for i < accepted_len[b] (kernel twin of
     ``naive_compact_accepted_kv``, which returns new caches). One launch, grid (B, Hkv), loop bounds from device
-    data: capturable. Returns (k_cache, v_cache)."""
-    values = not is_capturing()
+    data: capturable. ``check_values``: False skips the host read of the index tensors (``_check_values``). Returns
+    (k_cache, v_cache)."""
+    values = _check_values(check_values)
     dims, acc, n_acc = check_compact(k_cache, v_cache, block_table, prefix_lens, cu_nodes, accepted, accepted_len,
                                      values=values)
     check_kernel_device(("k_cache", k_cache), ("v_cache", v_cache))
