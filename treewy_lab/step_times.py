@@ -13,6 +13,7 @@ from treewy import results
 #: How each path runs a step: the readable eager loop, the static-buffer step without capture (CPU), one CUDA graph.
 PATHS = {"eager": "eager loop", "static": "static step (no capture)", "captured": "one CUDA graph"}
 PATH_COLORS = alt.Scale(domain=list(PATHS.values()), range=["#d95f02", "#7570b3", "#1b9e77"])
+PATH_SHAPES = alt.Scale(domain=list(PATHS.values()), range=["circle", "triangle-up", "square"])
 
 
 def step_times_frame(paths=None) -> pl.DataFrame:
@@ -41,12 +42,13 @@ def step_times_chart(frame: pl.DataFrame) -> alt.FacetChart:
         x=alt.X("step_ms:Q", scale=alt.Scale(type="log"), title="ms per decode step (median wall time)"),
         y=alt.Y("what:N", sort=order, title=None),
         color=alt.Color("path:N", scale=PATH_COLORS, title=None, legend=alt.Legend(orient="top")),
-        shape=alt.Shape("path:N", title=None),
+        shape=alt.Shape("path:N", scale=PATH_SHAPES, title=None, legend=alt.Legend(orient="top")),
         tooltip=["measured on:N", "case:N", "B:Q", "path:N", alt.Tooltip("step_ms:Q", format=",.2f"),
                  alt.Tooltip("gpu_ms:Q", format=",.3f", title="GPU kernels ms per step"),
                  alt.Tooltip("first_decode_s:Q", format=",.1f", title="first decode s (compile, capture)"),
                  alt.Tooltip("acceptance:Q", format=".2f", title="tokens per step")],
-    ).properties(width=520, height=150).facet(
-        row=alt.Row("measured on:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left")),
+    ).properties(width=480, height=150).facet(
+        row=alt.Row("measured on:N", title=None, header=alt.Header(labelAngle=0, labelOrient="top",
+                                                                     labelAnchor="start", labelFontWeight="bold")),
     ).properties(title=["The tiny checkpoint's decode step per device (measured)",
                         "MTP drafts, reconstruct commit; hover a point for the GPU time and first-decode cost"])
