@@ -203,6 +203,7 @@ def test_tree_sets_n_drafts_the_plugin_and_graphs_for_n_plus_one(capsys, mode, d
     assert ("prompt_lookup_max" in spec) == (drafter == "ngram")
     assert "rejection_sample_method" not in spec          # vLLM's synthetic rates are per chain position
     assert env["TREEWY_MODE"] == mode and env["TREEWY_TREE"] == "2,2,1" and env["VLLM_PLUGINS"] == "treewy"
+    assert env["TREEWY_TREE_DRAFTER"] == drafter          # what the plugin must have installed for this tree
     assert "TREEWY_TREE_RATES" not in env                 # real weights: the drafts' own acceptance
     assert _flag(argv, "--max-cudagraph-capture-size") == "2816"   # max_num_seqs x (N + 1) = 256 x 11
     blocks = "N + 1 state blocks" if mode == "store_all" else "one state block"
@@ -229,7 +230,7 @@ def test_tree_on_dummy_weights_passes_per_depth_rates_to_the_plugin(capsys):
 
 def test_chain_commands_are_unchanged_by_the_tree_option(capsys):
     argv, env, _ = _dry(capsys, "--model", "m", "--mode", "store_all")
-    assert "TREEWY_TREE" not in env and "VLLM_PLUGINS" not in env
+    assert "TREEWY_TREE" not in env and "TREEWY_TREE_DRAFTER" not in env and "VLLM_PLUGINS" not in env
     assert json.loads(_flag(argv, "--speculative-config")) == {"method": "mtp", "num_speculative_tokens": 3}
 
 

@@ -90,17 +90,47 @@ def test_bad_input_names_the_argument(call, match):
         call()
 
 
-def test_the_plugin_refuses_a_tree_it_cannot_serve_yet(monkeypatch):
-    from treewy.serve import plugin
+@pytest.mark.parametrize("mode", ["store_all", "reconstruct"])
+def test_the_plugin_refuses_an_mtp_tree_while_its_passes_are_missing(monkeypatch, mode):
+    from treewy.serve import plugin, tree_vllm
     monkeypatch.setenv("TREEWY_TREE", "2,2,1")
-    monkeypatch.setenv("TREEWY_MODE", "store_all")
-    from treewy.serve.tree_vllm import MISSING
-    with pytest.raises(NotImplementedError, match="TREEWY_TREE=2,2,1: vLLM cannot serve the tree yet: not installed: "
-                                                  r"the MTP proposer's tree passes .*drop --tree") as e:
+    monkeypatch.setenv("TREEWY_MODE", mode)
+    monkeypatch.setenv("TREEWY_TREE_DRAFTER", "mtp")
+    monkeypatch.setattr(tree_vllm, "MISSING", {"mtp": ("the MTP proposer's tree passes (stand-in)",)})
+    with pytest.raises(NotImplementedError, match=r"TREEWY_TREE=2,2,1 with the mtp drafter: vLLM cannot serve the "
+                       r"tree yet: not installed: the MTP proposer's tree passes \(stand-in\) .*drop --tree\) or "
+                       r"draft it with n-grams \(--drafter ngram\)$"):
         plugin.register()
-    assert MISSING and all(m in str(e.value) for m in MISSING)
-    monkeypatch.delenv("TREEWY_TREE")
-    plugin.register()   # store_all without a tree: inert, as before
+    if mode == "store_all":
+        monkeypatch.delenv("TREEWY_TREE")
+        plugin.register()   # store_all without a tree: inert, as before
+
+
+def test_an_ngram_tree_is_not_refused_for_the_mtp_passes(monkeypatch):
+    """refuse_incomplete refuses only what the chosen drafter lacks: the n-gram tree is installed."""
+    from treewy.serve import tree_vllm
+    monkeypatch.setattr(tree_vllm, "MISSING", {"mtp": ("the MTP proposer's tree passes",)})
+    tree_vllm.refuse_incomplete(((2, 2, 1), None), "ngram")
+    with pytest.raises(NotImplementedError, match="with the mtp drafter"):
+        tree_vllm.refuse_incomplete(((2, 2, 1), None), "mtp")
+    monkeypatch.setattr(tree_vllm, "MISSING", {"mtp": ("x",), "ngram": ("y",)})   # no n-gram advice then
+    with pytest.raises(NotImplementedError, match=r"not installed: x .*drop --tree\)$"):
+        tree_vllm.refuse_incomplete(((2,), None), "mtp")
+
+
+@pytest.mark.parametrize("environ,match", [
+    ({"TREEWY_TREE": "2,2"}, r"TREEWY_TREE_DRAFTER is unset: expected one of mtp, ngram beside TREEWY_TREE"),
+    ({"TREEWY_TREE": "2,2", "TREEWY_TREE_DRAFTER": "eagle"}, r"TREEWY_TREE_DRAFTER is 'eagle': expected one of"),
+])
+def test_the_tree_drafter_env_must_name_a_drafter(monkeypatch, environ, match):
+    from treewy.serve import plugin
+    monkeypatch.setenv("TREEWY_MODE", "store_all")
+    monkeypatch.delenv("TREEWY_TREE_DRAFTER", raising=False)
+    for k, v in environ.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError, match=match):
+        plugin.register()
+    assert hooks.tree_drafter_from_env({"TREEWY_TREE_DRAFTER": "ngram"}) == "ngram"
 
 
 @pytest.fixture
@@ -200,13 +230,17 @@ def test_installed_hooks_get_vllms_tensors_and_uninstall_restores_vllm(stand_in,
 
 
 @pytest.mark.parametrize("mode", ["store_all", "reconstruct"])
-def test_register_installs_the_tree_hooks_once_nothing_is_missing(stand_in, monkeypatch, mode):
-    """With MISSING empty, register() installs tree_vllm's hooks in either mode and, in reconstruct, leaves vLLM's
-    spec kernel to tree_vllm's route (not the chain wrap), which reads the running TreeWY layer's pools."""
+@pytest.mark.parametrize("drafter", ["ngram", "mtp"])
+def test_register_installs_the_tree_hooks_once_nothing_is_missing(stand_in, monkeypatch, mode, drafter):
+    """With nothing MISSING for the drafter (n-grams: as installed; MTP: MISSING emptied), register() installs
+    tree_vllm's hooks in either mode and, in reconstruct, leaves vLLM's spec kernel to tree_vllm's route (not the
+    chain wrap), which reads the running TreeWY layer's pools."""
     from treewy.serve import plugin, tree_vllm
     from treewy.serve import vllm_adapter as A
-    monkeypatch.setattr(tree_vllm, "MISSING", ())
+    if drafter == "mtp":
+        monkeypatch.setattr(tree_vllm, "MISSING", {})
     monkeypatch.setenv("TREEWY_TREE", "2,2")
+    monkeypatch.setenv("TREEWY_TREE_DRAFTER", drafter)
     monkeypatch.setenv("TREEWY_MODE", mode)
     stock_spec = getattr(stand_in.gdn, A.SPEC_UPDATE)
     plugin.register()

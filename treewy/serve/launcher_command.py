@@ -21,9 +21,9 @@ PLUGIN_NAME = "treewy"
 DRAFTERS = ("mtp", "ngram")
 #: n-gram lookup lengths, as treewy.drafters.NgramDrafter uses them (longest match of up to 4 tokens, down to 1).
 NGRAM_LOOKUP = {"prompt_lookup_max": 4, "prompt_lookup_min": 1}
-#: The plugin's environment for a served tree (read by treewy.serve.tree_plugin): the widths, and the per-depth
-#: synthetic rates when the drafts are accepted at chosen rates.
-TREE_ENV, TREE_RATES_ENV = "TREEWY_TREE", "TREEWY_TREE_RATES"
+#: The plugin's environment for a served tree (read by treewy.serve.tree_plugin): the widths, the per-depth
+#: synthetic rates when the drafts are accepted at chosen rates, and the drafter (what the plugin must install).
+TREE_ENV, TREE_RATES_ENV, TREE_DRAFTER_ENV = "TREEWY_TREE", "TREEWY_TREE_RATES", "TREEWY_TREE_DRAFTER"
 
 
 class ServeError(RuntimeError):
@@ -325,6 +325,7 @@ def build_command(opts: ServeOptions) -> tuple[list[str], dict[str, str]]:
         env["VLLM_PLUGINS"] = PLUGIN_NAME
     if tree is not None:
         env[TREE_ENV] = ",".join(map(str, tree.widths))
+        env[TREE_DRAFTER_ENV] = opts.drafter
         if acceptance.synthetic:  # the plugin's tree sampler draws them; vLLM's synthetic rates are per chain position
             env[TREE_RATES_ENV] = ",".join(repr(a) for a in acceptance.rates)
     argv += list(opts.extra_args)

@@ -37,7 +37,7 @@ import torch
 
 from treewy.ops.gates import gdn_gating, l2norm
 from treewy.ops.verify.pending import PendingCommit
-from treewy.serve.launcher_command import ServeError, TREE_ENV, TREE_RATES_ENV, parse_tree
+from treewy.serve.launcher_command import DRAFTERS, ServeError, TREE_DRAFTER_ENV, TREE_ENV, TREE_RATES_ENV, parse_tree
 from treewy.serve.reconstruct import ReconstructPools
 from treewy.serve.tree_commit import (
     commit_conv_state, compact_kv, kv_compaction, record_accepted, reset_accepted,
@@ -49,7 +49,7 @@ from treewy.tree import STATE_MODES
 
 __all__ = ["TreeServing", "compact_tree_kv", "commit_tree_conv", "mtp_tree_drafts", "ngram_tree_drafts",
            "record_accepted", "reset_accepted", "store_all_tree_update", "tree_attention_spec", "tree_conv",
-           "tree_from_env", "tree_positions", "tree_rejection_sample", "tree_spec_update"]
+           "tree_drafter_from_env", "tree_from_env", "tree_positions", "tree_rejection_sample", "tree_spec_update"]
 
 
 def tree_from_env(environ: Mapping[str, str] = os.environ) -> tuple[tuple[int, ...], tuple[float, ...] | None] | None:
@@ -69,6 +69,17 @@ def tree_from_env(environ: Mapping[str, str] = os.environ) -> tuple[tuple[int, .
     except ValueError:
         raise ValueError(f"{TREE_RATES_ENV}={rates!r}: expected comma-separated per-depth rates such as "
                          "0.9,0.7,0.5 (treewy serve --tree ... --acceptance writes them)") from None
+
+
+def tree_drafter_from_env(environ: Mapping[str, str] = os.environ) -> str:
+    """The served tree's drafter (one of ``DRAFTERS``), which the launcher sets beside TREEWY_TREE: it decides what
+    the plugin must have installed (an n-gram tree needs no MTP passes)."""
+    drafter = environ.get(TREE_DRAFTER_ENV)
+    if drafter not in DRAFTERS:
+        got = "unset" if drafter is None else f"{drafter!r}"
+        raise ValueError(f"{TREE_DRAFTER_ENV} is {got}: expected one of {', '.join(DRAFTERS)} beside {TREE_ENV} "
+                         "(treewy serve --tree ... --drafter sets both)")
+    return drafter
 
 
 class TreeServing:

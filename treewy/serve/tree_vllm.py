@@ -23,7 +23,7 @@ The previous window's commit happens in the next forward, inside the graph: the 
 chains; reconstruct's ``meta`` says whether anything is pending), and the conv state's. vLLM's conv pool holds
 W - 1 + N columns per slot: after a window, columns 0..W - 2 hold the committed inputs advanced by the root (always
 accepted) and columns W - 1.. the inputs of nodes 1..N, so the next step's fold is one gather (``fold_tree_conv``).
-Not installed yet (``MISSING``): the MTP proposer's tree passes.
+Not installed yet (``MISSING``, per drafter): the MTP proposer's tree passes; an n-gram tree lacks nothing.
 """
 
 from __future__ import annotations
@@ -42,9 +42,11 @@ from treewy.serve.tree_plugin import (
 )
 from treewy.serve.tree_spec import TreeAcceptance, TreeLayout
 
-#: What a served tree still needs from vLLM, which ``install`` does not wire yet.
-MISSING = ("the MTP proposer's tree passes (EagleProposer.propose: the root pass's top-w, then D - 1 passes over each "
-           "depth's nodes with the tree mask in the drafter's attention)",)
+#: What a served tree still needs from vLLM, which ``install`` does not wire yet, per drafter (a drafter absent here
+#: lacks nothing: the n-gram tree is installed).
+MISSING: dict[str, tuple[str, ...]] = {
+    "mtp": ("the MTP proposer's tree passes (EagleProposer.propose: the root pass's top-w, then D - 1 passes over "
+            "each depth's nodes with the tree mask in the drafter's attention)",)}
 
 _INSTALLED: list[tuple[object, object]] = []   # (restore function, vLLM's original), in install order
 
@@ -79,12 +81,15 @@ class _Runtime:
 RUNTIME: _Runtime | None = None
 
 
-def refuse_incomplete(tree) -> None:
-    """NotImplementedError naming what a served tree still lacks in vLLM (``MISSING``), while anything does."""
-    if MISSING:
-        raise NotImplementedError(f"TREEWY_TREE={','.join(map(str, tree[0]))}: vLLM cannot serve the tree yet: not "
-                                  f"installed: {'; '.join(MISSING)} (treewy/serve/README.md, 'Trees in vLLM 0.26'); "
-                                  "serve a chain (drop --tree)")
+def refuse_incomplete(tree, drafter: str) -> None:
+    """NotImplementedError naming what a tree drafted by ``drafter`` still lacks in vLLM (``MISSING[drafter]``), while
+    anything does."""
+    missing = MISSING.get(drafter, ())
+    if missing:
+        other = " or draft it with n-grams (--drafter ngram)" if not MISSING.get("ngram") else ""
+        raise NotImplementedError(f"TREEWY_TREE={','.join(map(str, tree[0]))} with the {drafter} drafter: vLLM cannot "
+                                  f"serve the tree yet: not installed: {'; '.join(missing)} (treewy/serve/README.md, "
+                                  f"'Trees in vLLM 0.26'); serve a chain (drop --tree){other}")
 
 
 def _replace(get, set_, owner, fn) -> None:
