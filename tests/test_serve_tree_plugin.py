@@ -326,3 +326,57 @@ def test_attention_compaction_and_ngram_hooks_get_vllms_tensors(stand_in):
 
     tree_vllm.uninstall()
     assert (impl_cls.forward, ngram_cls.propose) == stock
+
+
+@pytest.mark.parametrize("widths", [(2, 2, 1), (2, 2, 2), (3, 3, 3)])
+def test_mtp_tree_passes_draft_what_mtp_drafter_drafts(tiny, widths):
+    """tree_mtp's passes over a callable MTP entry (the tiny checkpoint's MTP head on the drafter's cache) from the
+    root pass's output: the drafts equal MTPDrafter's, at the first step and after one accepted path."""
+    from treewy.drafters import MTPDrafter
+    from treewy.models.cache import HybridCache
+    from treewy.models.hybrid import prefill
+    from treewy.models.mtp import mtp_forward
+    from treewy.models.spec import spec_of
+    from treewy.serve.tree_mtp import TreePasses, mtp_tree_passes
+    model, prompts = tiny
+    spec = spec_of(model)
+    cache = HybridCache.empty(spec, len(prompts), 64, next(model.parameters()).dtype, "cpu")
+    hidden, logits = prefill(spec, cache, prompts, "cpu")
+    roots = logits.argmax(-1).tolist()
+    ref, ours = MTPDrafter(model), MTPDrafter(model)
+    for d in (ref, ours):
+        d.begin(model, prompts, hidden, roots, capacity=128)
+    layout = hooks.TreeLayout(widths)
+    passes = TreePasses(layout)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        want = ref.propose(layout.tree)[:, 1:]
+        root_out = ours._flush()                      # vLLM's first pass: the accepted entries into the drafter's KV
+        past = ours.cache.past(max(ours.cached))
+
+        def entry(tok, hid, pos, mask):
+            return mtp_forward(spec, ours.mtp, tok, hid, pos, past, mask.expand(tok.shape[0], -1, -1))[0]
+
+        got = mtp_tree_passes(entry, spec.lm_head, root_out, ours.roots, ours.next_pos - 1, passes)
+        assert torch.equal(got, want) and got.shape == (len(prompts), layout.num_drafts)
+        # accept node 0 -> its last child -> ... (off the DFS-first chain where a width is above 1)
+        path = [0]
+        for d in range(layout.max_depth):
+            path.append(int(layout.children[d][layout.level_index[path[-1]], -1]))
+        full = torch.cat([torch.tensor(roots)[:, None], got], 1)
+        emitted = [[int(full[b, t]) for t in path[1:]] + [int(full[b, path[-1]])] for b in range(len(prompts))]
+        path_hidden = [torch.randn(len(e), hidden[0].shape[-1], generator=gen) for e in emitted]
+        for d in (ref, ours):
+            d.advance(emitted, path_hidden)
+        roots = [e[-1] for e in emitted]
+
+
+def test_mtp_tree_passes_name_bad_input():
+    from treewy.serve.tree_mtp import TreePasses, mtp_tree_passes
+    passes = TreePasses(hooks.TreeLayout((2, 2)))
+    with pytest.raises(ValueError, match=r"layout must be a treewy.serve.tree_spec.TreeLayout"):
+        TreePasses((2, 2))
+    with pytest.raises(ValueError, match=r"root_out must be a floating tensor \[B, hidden\]"):
+        mtp_tree_passes(None, None, torch.zeros(2, 3, 4), torch.zeros(2, dtype=torch.long), torch.zeros(2), passes)
+    with pytest.raises(ValueError, match=r"root_pos must be an integer tensor \[B\] = \[2\]"):
+        mtp_tree_passes(None, None, torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), torch.zeros(2), passes)
