@@ -45,8 +45,8 @@ from treewy.serve.tree_spec import TreeAcceptance, TreeLayout
 #: What a served tree still needs from vLLM, which ``install`` does not wire yet, per drafter (a drafter absent here
 #: lacks nothing: the n-gram tree is installed).
 MISSING: dict[str, tuple[str, ...]] = {
-    "mtp": ("the MTP proposer's tree passes (EagleProposer.propose: the root pass's top-w, then D - 1 passes over "
-            "each depth's nodes with the tree mask in the drafter's attention)",)}
+    "mtp": ("the MTP proposer's tree passes (tree_mtp.mtp_tree_passes in SpecDecodeBaseProposer.propose: the root "
+            "pass's top-w, then D - 1 passes over each depth's nodes with the tree mask in the drafter's attention)",)}
 
 _INSTALLED: list[tuple[object, object]] = []   # (restore function, vLLM's original), in install order
 
