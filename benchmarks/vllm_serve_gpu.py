@@ -479,7 +479,8 @@ def cmd_acceptance(args) -> int:
 def cmd_tree_tiny(args) -> int:
     """``tree-tiny``: the tiny checkpoint served with a fixed draft tree (``--tree``) per mode and tree, prompts at each
     concurrency, temperature 0, fp32 with exact Triton dots; every output against ``treewy.decode.generate`` with the
-    same tree and MTP drafter and mode. Writes tree_tiny.json and tree_tiny.txt (one "N/N equal" line per run)."""
+    same tree, drafter (``--drafter``: mtp or ngram) and mode. Writes tree_tiny.json and tree_tiny.txt (one "N/N equal"
+    line per run)."""
     import torch
 
     from treewy.decode import generate
@@ -495,15 +496,16 @@ def cmd_tree_tiny(args) -> int:
     prompts = heldout_prompts(args.prompts, args.prompt_len, seed=0)
     trees = [tuple(int(w) for w in t.split(",")) for t in args.trees]
     report = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(0), "prompts": prompts,
-              "new_tokens": args.new_tokens, "runs": [], "lines": []}
+              "new_tokens": args.new_tokens, "drafter": args.drafter, "runs": [], "lines": []}
     env_extra = {"TREEWY_FP32_PREFILL": "1", "TRITON_F32_DEFAULT": "ieee"}   # fp32: equal up to real near-ties
     model = load("tiny", dtype=torch.float32, device="cuda")
     for tree in trees:
         for mode in args.modes:
-            ref = [list(map(int, t)) for t in generate(model, prompts, drafter="mtp", tree=tree, commit=mode,
+            ref = [list(map(int, t)) for t in generate(model, prompts, drafter=args.drafter, tree=tree, commit=mode,
                                                         max_new_tokens=args.new_tokens).tokens]
             opts = ServeOptions(model=model_dir, mode=mode, gmu=0.3, max_num_seqs=max(args.concurrency),
                                 port=args.port, max_model_len=2048, served_model_name="tiny", tree=tree,
+                                drafter=args.drafter,
                                 num_speculative_tokens=DraftTree.from_widths(tree).num_nodes - 1,
                                 extra_args=VLLM_026_ARGS + ["--dtype", "float32"])
             run = {"tree": list(tree), "mode": mode, "phases": {}}
@@ -520,11 +522,11 @@ def cmd_tree_tiny(args) -> int:
                         equal = sum(a == b[:len(a)] for a, b in zip(outs, ref))
                         run["phases"][f"c{c}"] = {"outputs": outs, "equal": equal,
                                                   "counters": delta(before, counters(opts.base_url))}
-                        report["lines"].append(f"{mode} tree {tree} c{c}: {equal}/{len(ref)} equal to "
+                        report["lines"].append(f"{mode} tree {tree} {args.drafter} c{c}: {equal}/{len(ref)} equal to "
                                                "treewy.decode.generate")
             except Exception as e:  # noqa: BLE001 - recorded, the other runs go on
                 run["error"] = f"{type(e).__name__}: {e}"
-                report["lines"].append(f"{mode} tree {tree}: FAILED ({run['error']})")
+                report["lines"].append(f"{mode} tree {tree} {args.drafter}: FAILED ({run['error']})")
             log(report["lines"][-1])
             report["runs"].append(run)
             (out / "tree_tiny.json").write_text(json.dumps(report))
@@ -603,6 +605,8 @@ def main(argv=None) -> int:
     tt.add_argument("--modes", default="store_all,reconstruct", type=lambda s: s.split(","))
     tt.add_argument("--concurrency", default="1,32", type=lambda s: [int(x) for x in s.split(",")])
     tt.add_argument("--port", type=int, default=8051)
+    tt.add_argument("--drafter", default="mtp", choices=("mtp", "ngram"),
+                    help="the served drafter (vLLM's mtp or ngram method) and the reference's")
     c = sub.add_parser("compare")
     c.add_argument("--out", required=True, help="the merged report (json)")
     c.add_argument("reports", nargs="+")

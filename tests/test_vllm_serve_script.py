@@ -285,8 +285,16 @@ def test_tree_tiny_serves_every_tree_and_mode_and_reports_equal_lines(tmp_path, 
         assert argv[argv.index("--dtype") + 1] == "float32"
     lines = (tmp_path / "tree_tiny.txt").read_text().splitlines()
     assert lines[0].startswith("tree-tiny ") and "fake GPU" in lines[0] and "3 prompts x 48 new tokens" in lines[0]
-    assert lines[1:] == [f"{m} tree {t} c{c}: {'2' if (m, t) == ('reconstruct', (2, 2)) else '3'}/3 equal to "
+    assert lines[1:] == [f"{m} tree {t} mtp c{c}: {'2' if (m, t) == ('reconstruct', (2, 2)) else '3'}/3 equal to "
                          "treewy.decode.generate" for t in ((2, 2, 1), (2, 2)) for m in ("store_all", "reconstruct")
                          for c in (1, 2)]
     report = json.loads((tmp_path / "tree_tiny.json").read_text())
-    assert len(report["runs"]) == 4 and report["runs"][0]["tree"] == [2, 2, 1]
+    assert len(report["runs"]) == 4 and report["runs"][0]["tree"] == [2, 2, 1] and report["drafter"] == "mtp"
+    # --drafter ngram: the reference and the server draft with n-grams
+    refs.clear(), servers.clear()
+    mod.main(["tree-tiny", "--out", str(tmp_path), "--prompts", "3", "--trees", "2,2,1", "--modes", "reconstruct",
+              "--concurrency", "1", "--drafter", "ngram"])
+    assert refs == [("ngram", (2, 2, 1), "reconstruct")]
+    argv, env = servers[0]
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["method"] == "ngram"
+    assert env["TREEWY_TREE_DRAFTER"] == "ngram"
