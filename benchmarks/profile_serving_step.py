@@ -132,13 +132,13 @@ def gdn_fns(B, dims, device, vllm_mod, config=None):
     pools.meta[1:, 0] = T
     empty = ReconstructPools.empty(B + 1, max_nodes=T, device=device, **dims)   # nothing pending
     sa_state = torch.randn(B * T + 1, dims["HV"], dims["V"], dims["K"], device=device) * 0.1
+    # the same step with no accepted row to fold (num_accepted 0): what the fold costs; the stash is still read and
+    # rewritten, so every replay sees the same pool (the inputs built here, outside the timed call)
+    x_no_fold = {**x, "num_accepted_tokens": torch.zeros_like(x["num_accepted_tokens"])}
     fns = {"reconstruct spec step": lambda: vllm_spec_update(pools, **x, ssm_state_indices=own,
                                                              use_qk_l2norm_in_kernel=True, config=config),
-           # the same step with no accepted row to fold (num_accepted 0): what the fold costs; the stash is
-           # still read and rewritten, so every replay sees the same pool
            "reconstruct spec step, no row to fold": lambda: vllm_spec_update(
-               pools, **{**x, "num_accepted_tokens": torch.zeros_like(x["num_accepted_tokens"])},
-               ssm_state_indices=own, use_qk_l2norm_in_kernel=True, config=config),
+               pools, **x_no_fold, ssm_state_indices=own, use_qk_l2norm_in_kernel=True, config=config),
            "reconstruct flush, nothing pending": lambda: flush_slots(empty, own[:, 0])}
     if vllm_mod is not None:
         fns["store_all spec step"] = lambda: vllm_mod.fused_sigmoid_gating_delta_rule_update(

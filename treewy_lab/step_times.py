@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import altair as alt
 import polars as pl
@@ -21,7 +22,7 @@ def step_times_frame(paths=None) -> pl.DataFrame:
     wall time per step, the GPU kernels' time per step where traced, and the table's device and date."""
     frames = []
     for path in paths if paths is not None else results.tables("engine_steps"):
-        data = json.loads(open(path).read())
+        data = json.loads(Path(path).read_text())
         rows = pl.DataFrame(data["rows"], infer_schema_length=None)
         frames.append(rows.select(
             pl.lit(f"{data['device']}, {data['date']}").alias("measured on"),
