@@ -1,6 +1,6 @@
 """The simulator's predictions for the 35B H200 serving sweep, written before the sweep runs (CPU, about a minute).
 
-    python -m benchmarks.sim_predictions --out benchmarks/results/predictions_35b_h200_tp1_2026-12-01
+    python -m benchmarks.sim_predictions --out benchmarks/results/predictions_35b_h200_tp1_2026-12-02
 
 writes OUT.parquet (the tidy serving table, SIMULATED rows), OUT.json (the grid, the requests per point, the
 simulator's git commit and the date) and OUT.txt (per point, then the ratio table per gmu beside the paper's B200
@@ -27,7 +27,7 @@ def text_table(df, meta) -> str:
              f"the simulator at commit {meta['commit']}, before the GPU sweep",
              f"acceptance: {meta['acceptance']}; server: {meta['server']}",
              f"requests per point: max({meta['requests_per_concurrency']} x concurrency, {meta['min_requests']}); "
-             f"workloads: {', '.join(meta['workloads'])} ({meta['balanced_short']})", ""]
+             f"workloads: {', '.join(meta['workloads'])}", ""]
     for gmu in meta["gmus"]:
         sub = df.filter(pl.col("gmu") == gmu)
         lines += [f"gmu {gmu}: store-all / TreeWY per point", "",
@@ -72,10 +72,9 @@ def main(argv=None) -> int:
             "concurrency": list(P.CONCURRENCIES), "min_requests": P.MIN_REQUESTS,
             "requests_per_concurrency": P.REQUESTS_PER_CONCURRENCY,
             "requests_per_point": {str(c): P.requests_per_point(c) for c in P.CONCURRENCIES},
-            "balanced_short": "balanced-short = random {} -> {} tokens, +- {:.0%}".format(*P.BALANCED_SHORT),
             "acceptance": f"{source}: per-depth rates {[round(float(x), 4) for x in rates]}, "
                           f"{1 + sum(float(x) for x in __import__('numpy').cumprod(rates)):.2f} tokens per step",
-            "server": repr(P.H200_VLLM026_DECODE_GRAPHS), "seed": args.seed}
+            "server": repr(P.SERVER), "seed": args.seed}
     df = P.predict(seed=args.seed)
     df.write_parquet(out.with_suffix(".parquet"))
     out.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")

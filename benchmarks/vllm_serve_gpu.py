@@ -19,9 +19,11 @@ agree to about 1e-6, far below the smallest gap between the top two logits, so a
 is a logic error rather than a bf16 near-tie. vLLM 0.26's own GDN prefill refuses fp32, so both modes then prefill
 through ``treewy.serve.fp32_prefill`` (TREEWY_FP32_PREFILL=1).
 
-``sweep``: the 35B-A3B architecture with dummy weights (``treewy export-vllm --dummy``), one mode per
-call, ``treewy bench-serve`` over the given concurrencies and workloads (closed loops of one wave:
-max(4, concurrency) requests per point), the tidy table and the server log; then capacity_<mode>_tp<N>.json: vLLM's
+``sweep``: the 35B-A3B architecture with dummy weights (``treewy export-vllm --dummy``), one mode and one gmu per
+call, ``treewy bench-serve`` over the given concurrencies and workloads (by default the grid the simulator's
+committed predictions cover, ``treewy.sim.predict``: the three measured workloads, concurrency 1..256, closed loops
+of one wave, max(16, concurrency) requests per point, each point after an unmeasured warm-up wave), the tidy table
+and the server log; then capacity_<mode>_tp<N>.json: vLLM's
 own KV capacity lines (pool tokens, attention block size, maximum concurrency at --max-model-len) beside
 treewy.memory's figures for the same launch, and the simulator's knee for the sweep's workloads (SIMULATED).
 
@@ -68,7 +70,6 @@ from pathlib import Path
 
 from treewy.serve.launcher import ServeOptions, VLLMServer, build_command
 from treewy.serve.metrics import parse_prometheus
-from treewy.workloads import MEASURED_WORKLOADS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -433,6 +434,11 @@ def dummy_35b_server(args, extra=(), **options):
 
 def cmd_sweep(args) -> int:
     from treewy.serve.sweep import SweepConfig
+    from treewy.sim import predict
+
+    args.workloads = args.workloads or ",".join(predict.WORKLOADS)
+    args.concurrency = args.concurrency or ",".join(map(str, predict.CONCURRENCIES))
+    args.num_prompts = predict.MIN_REQUESTS if args.num_prompts is None else args.num_prompts
 
     out, server = dummy_35b_server(args, cudagraph_max_size=args.graph_max_tokens)
     cfg = SweepConfig(server=server, model_name="qwen3.5-35b-a3b", workloads=args.workloads.split(","),
@@ -565,9 +571,10 @@ def main(argv=None) -> int:
     s.add_argument("--out", required=True)
     s.add_argument("--mode", required=True, choices=("store_all", "reconstruct"))
     s.add_argument("--gmu", type=float, default=0.6)
-    s.add_argument("--workloads", default=",".join(MEASURED_WORKLOADS))
-    s.add_argument("--concurrency", default="1,16,32,64,128,256")
-    s.add_argument("--num-prompts", type=int, default=4, help="at least this many requests per point")
+    s.add_argument("--workloads", default=None, help="default: the predictions' three (treewy.sim.predict)")
+    s.add_argument("--concurrency", default=None, help="default: the predictions' grid (treewy.sim.predict)")
+    s.add_argument("--num-prompts", type=int, default=None,
+                   help="at least this many requests per point (default: the predictions', 16)")
     s.add_argument("--max-model-len", type=int, default=2048)
     s.add_argument("--port", type=int, default=8021)
     s.add_argument("--compile", default="decode", choices=tuple(COMPILE))

@@ -22,6 +22,7 @@ def fake_env(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(support.fake_vllm_bin(tmp_path)) + ":" + __import__("os").environ["PATH"])
     log = tmp_path / "bench_calls.jsonl"
     monkeypatch.setenv("FAKE_VLLM_CALL_LOG", str(log))
+    monkeypatch.setenv("FAKE_VLLM_REQUEST_LOG", str(tmp_path / "requests.jsonl"))
     return log
 
 
@@ -48,8 +49,14 @@ def test_sweep_writes_one_tidy_row_per_point_and_resumes(tmp_path, fake_env, cap
     assert (df["num_drafts"] == 3).all() and (df["tp"] == 1).all()
     rate_rows = df.filter(pl.col("request_rate").is_not_null())
     assert rate_rows.height == 2 and rate_rows["concurrency"].is_null().all()
-    # each point was preceded by one unmeasured wave: its concurrency, or for a rate point all its 6 requests
+    # each point was preceded by one unmeasured wave: its concurrency, or for a rate point all its 6 requests, sent
+    # by the sweep itself as token ids (the fake bench sends text), 16 tokens each, prompts of smoke's 64 +- 20 %
     assert df.select(pl.coalesce("concurrency", pl.lit(6)) == pl.col("warmup_requests")).to_series().all()
+    import json
+    sent = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    warm = [r for r in sent if r["prompt_len"] is not None]
+    assert len(warm) == df["warmup_requests"].sum() and len(sent) - len(warm) == df["completed"].sum()
+    assert all(r["max_tokens"] == 16 and 51 <= r["prompt_len"] <= 76 for r in warm)
     assert (df["output_throughput"] > 0).all() and (df["p99_ttft_ms"] >= df["mean_ttft_ms"] * 0.5).all()
     # the scraper saw the load: peaks, counters, acceptance = 1 + accepted / drafts (the fake emits 3.2)
     assert (df["peak_running"] >= 1).all() and (df["peak_kv_usage"] > 0).all() and (df["peak_kv_usage"] <= 1).all()
@@ -80,7 +87,9 @@ def test_sweep_writes_one_tidy_row_per_point_and_resumes(tmp_path, fake_env, cap
 
 
 def test_server_that_dies_mid_sweep_is_recorded_and_restarted(tmp_path, fake_env, monkeypatch, capsys):
-    monkeypatch.setenv("FAKE_VLLM_DIE_AFTER", "8")  # each server process dies at its 8th request
+    # each server process dies at its 12th request: the first during c2's measured run (c1: 1 warm-up + 6, c2: 2 + 6),
+    # the restarted one during c8's warm-up (c4: 4 + 6, then c8's 8 warm-ups)
+    monkeypatch.setenv("FAKE_VLLM_DIE_AFTER", "12")
     rc = _bench(tmp_path, "--concurrency", "1,2,4,8,16", "--modes", "store_all", "--max-restarts", "1")
     assert rc == 1
     df = pl.read_parquet(tmp_path / "sweep.parquet").sort("concurrency")
@@ -88,10 +97,10 @@ def test_server_that_dies_mid_sweep_is_recorded_and_restarted(tmp_path, fake_env
     err = df["error"].to_list()
     assert err[0] is None and err[2] is None, err
     assert "server exited with code 3 during this point" in err[1] and "engine core died" in err[1]
-    assert "server exited with code 3" in err[3]
+    assert "server exited with code 3 during this point's warm-up" in err[3]
     assert "died 2 time(s); not restarting" in err[4]
     assert df["completed"][1] < 6 and df["completed"][4] == 0
-    assert _calls(fake_env) == 4  # the last point never reached vllm bench serve
+    assert _calls(fake_env) == 3  # the last two points never reached vllm bench serve
     out = capsys.readouterr()
     assert "2 failed" in out.out or "3 failed" in out.out
     assert "point smoke-store_all-c16 failed" in out.err
@@ -99,7 +108,7 @@ def test_server_that_dies_mid_sweep_is_recorded_and_restarted(tmp_path, fake_env
     # fix the cause and resume with --retry-failed: only the failed points run
     monkeypatch.delenv("FAKE_VLLM_DIE_AFTER")
     assert _bench(tmp_path, "--concurrency", "1,2,4,8,16", "--modes", "store_all", "--retry-failed") == 0
-    assert _calls(fake_env) == 7
+    assert _calls(fake_env) == 6
     assert pl.read_parquet(tmp_path / "sweep.parquet")["error"].is_null().all()
 
 
@@ -174,21 +183,28 @@ def test_sigterm_stops_the_server_it_started(tmp_path, fake_env):
 
 def test_each_point_sends_an_unmeasured_wave_at_its_concurrency_first(tmp_path):
     """One-time costs (kernels compiled for a new batch shape during inference) land on the first requests of a
-    batch shape: the bench command of a point sends one unmeasured wave at the point's concurrency first
-    (vLLM 0.26 ``--num-warmups``) and keeps per-request times (``--save-detailed``)."""
+    batch shape: before a point the sweep sends one unmeasured wave at the point's concurrency, prompts of the
+    workload's lengths but token ids of their own (not in the prefix cache) and 16 output tokens each; the bench
+    command itself sends no warm-up and keeps per-request times (``--save-detailed``)."""
     from treewy.serve.launcher import ServeError, ServeOptions
-    from treewy.serve.sweep_points import Point, SweepConfig, bench_command
+    from treewy.serve.sweep_points import Point, SweepConfig, bench_command, warmup_bodies
 
-    cfg = SweepConfig(server=ServeOptions(model="m"), model_name="m", workloads=["smoke"], modes=["reconstruct"],
-                      concurrencies=[128], request_rates=[4.0], num_prompts=64, prompts_per_concurrency=4)
-
-    def warmups(c):
-        argv = bench_command(c, Point("smoke", "reconstruct", 128), tmp_path, "x.json")
-        assert "--save-detailed" in argv
-        return int(argv[argv.index("--num-warmups") + 1]) if "--num-warmups" in argv else 0
-
-    assert warmups(cfg) == 128 and cfg.warmups(Point("smoke", "reconstruct", None, 4.0)) == 64
-    assert warmups(SweepConfig(**{**cfg.__dict__, "warmup_waves": 2})) == 256
-    assert warmups(SweepConfig(**{**cfg.__dict__, "warmup_waves": 0})) == 0
+    cfg = SweepConfig(server=ServeOptions(model="m"), model_name="m", workloads=["smoke", "summarize-short"],
+                      modes=["reconstruct"], concurrencies=[128], request_rates=[4.0], num_prompts=64,
+                      prompts_per_concurrency=4)
+    point = Point("summarize-short", "reconstruct", 128)
+    argv = bench_command(cfg, point, tmp_path, "x.json")
+    assert "--save-detailed" in argv and "--num-warmups" not in argv
+    bodies = warmup_bodies(cfg, point)
+    assert len(bodies) == cfg.warmups(point) == 128 and cfg.warmups(Point("smoke", "reconstruct", None, 4.0)) == 64
+    lengths = [len(b["prompt"]) for b in bodies]
+    assert 819 <= min(lengths) < max(lengths) <= 1228 and len(set(lengths)) > 50
+    assert all(b["max_tokens"] == 16 and b["ignore_eos"] and b["model"] == "m" for b in bodies)
+    assert all(1 <= t <= 255 for b in bodies for t in b["prompt"])
+    # reproducible per point, and another point's warm-up has other prompts
+    assert warmup_bodies(cfg, point) == bodies
+    assert warmup_bodies(cfg, Point("summarize-short", "store_all", 128))[0]["prompt"] != bodies[0]["prompt"]
+    assert len(warmup_bodies(SweepConfig(**{**cfg.__dict__, "warmup_waves": 2}), point)) == 256
+    assert warmup_bodies(SweepConfig(**{**cfg.__dict__, "warmup_waves": 0}), point) == []
     with pytest.raises(ServeError, match="warmup_waves = -1"):
         SweepConfig(**{**cfg.__dict__, "warmup_waves": -1}).points()

@@ -55,7 +55,12 @@ def test_sweep_resumes_a_checkpoint_and_reruns_failed_points_when_asked(tmp_path
         assert mod.main(["sweep", "--mode", "reconstruct", "--out", str(tmp_path), "--port", "8022", *flags]) == 0
     assert [c.retry_failed for c in seen] == [False, True]
     assert seen[1].checkpoint == seen[0].checkpoint and seen[1].checkpoint.parent == tmp_path
-    assert seen[1].server.port == 8022 and seen[1].concurrencies == [1, 16, 32, 64, 128, 256]
+    # the grid the committed predictions cover (treewy.sim.predict): its workloads, concurrencies, requests per point
+    from treewy.sim import predict
+    assert seen[1].server.port == 8022 and seen[1].concurrencies == [1, 8, 32, 64, 128, 256]
+    assert seen[0].workloads == list(predict.WORKLOADS) and len(predict.WORKLOADS) == 3
+    assert [seen[0].prompts(p) for p in seen[0].points()[:6]] == [predict.requests_per_point(c)
+                                                                  for c in predict.CONCURRENCIES]
     configs = [json.loads(c.server.extra_args[c.server.extra_args.index("--compilation-config") + 1]) for c in seen]
     assert configs == [{"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}] * 2
     commands = [build_command(c.server)[0] for c in seen]

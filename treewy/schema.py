@@ -49,7 +49,7 @@ SERVING_SCHEMA: dict[str, pl.DataType] = {
     "cudagraph_max_size": pl.Int64,   # the largest step, in tokens, captured as a CUDA graph (0: none)
     "eager_fallback_possible": pl.Boolean,  # True when max_num_seqs x (1 + k) tokens exceeds cudagraph_max_size
     "compilation_config": pl.String,  # the --compilation-config JSON the server got (null: none passed)
-    "warmup_requests": pl.Int64,      # measured only: unmeasured requests sent before the point (--num-warmups)
+    "warmup_requests": pl.Int64,      # measured only: unmeasured requests sent before the point (warmup_bodies)
 }
 
 #: Columns added after the first tables were written: read as null from older files.

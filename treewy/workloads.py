@@ -23,6 +23,7 @@ mt-bench           MT-Bench's 80 questions (first turns),     256, fixed (``--cu
                    simulated as their byte lengths / 4
 generation-short   random, uniform 64 +- 20 %                 uniform 512 +- 20 %
 summarize-short    random, uniform 1024 +- 20 %               uniform 128 +- 20 %
+balanced-short     random, uniform 128 +- 20 %                uniform 128 +- 20 %
 =================  ========================================  ======================================
 
 Why these: ShareGPT as ``vllm bench serve --dataset-name sharegpt`` samples it (replies as output lengths,
@@ -41,9 +42,9 @@ assumes. More requests than 80 repeat questions, so prefix caching can serve rep
 prompt lengths are what Qwen3.5's tokenizer would give, approximated as UTF-8 bytes / 4 (no Qwen tokenizer is
 available offline here); the byte tokenizer sees the byte lengths themselves, about 4x as many tokens.
 
-The two ``-short`` workloads are what the measured serving sweep on real vLLM runs (35B-A3B with dummy
-weights on one GPU): generation-heavy at 1/16 and summarize-heavy at 1/8 of their lengths, so that every point
-finishes within a minute or two and a whole sweep over concurrency 1..256 fits in one short GPU session. Short requests make the GDN state, not the
+The three ``-short`` workloads are what the measured serving sweep on real vLLM runs (35B-A3B with dummy
+weights on one GPU): generation-heavy at 1/16, summarize-heavy and balanced-chat at 1/8 of their lengths, so that
+every point finishes within a minute or two and one mode's sweep over concurrency 1..256 fits in one short GPU run. Short requests make the GDN state, not the
 attention KV, most of a request's memory, so the admission knee shows at least as clearly as at full length.
 """
 
@@ -83,6 +84,7 @@ CATALOGUE: dict[str, Workload] = {w.name: w for w in (
     Workload("smoke", "random", 64, 16, 0.2),
     Workload("generation-short", "random", 64, 512, 0.2),
     Workload("summarize-short", "random", 1024, 128, 0.2),
+    Workload("balanced-short", "random", 128, 128, 0.2),
     Workload("mt-bench", "custom", output_len=256, path_file=str(DATA_DIR / "mt_bench" / "question.jsonl"),
              extra_args=("--skip-chat-template", "--ignore-eos")),
 )}
@@ -106,8 +108,8 @@ def qwen_token_lengths(prompts: list[str]) -> list[int]:
     """Approximate prompt lengths in Qwen3.5 tokens: ceil(UTF-8 bytes / ``BYTES_PER_QWEN_TOKEN``)."""
     return [math.ceil(len(p.encode("utf-8")) / BYTES_PER_QWEN_TOKEN) for p in prompts]
 
-#: The two workloads of the measured 35B serving sweep on real vLLM (see above).
-MEASURED_WORKLOADS = ("generation-short", "summarize-short")
+#: The three workloads of the measured 35B serving sweep on real vLLM (see above).
+MEASURED_WORKLOADS = ("generation-short", "summarize-short", "balanced-short")
 
 #: The five workloads of the serving sweep (the paper's table is a geomean over five).
 SWEEP_WORKLOADS = ("sharegpt-chat", "spec-bench", "balanced-chat", "generation-heavy", "summarize-heavy")

@@ -15,6 +15,7 @@ seeded by its prompt, so a run's counters are reproducible.
 
 Knobs (environment): FAKE_VLLM_DIE_AFTER=N (the server exits after its N-th completion request),
 FAKE_VLLM_FAIL_START=1 (the server exits at once), FAKE_VLLM_CALL_LOG=path (one line per bench run),
+FAKE_VLLM_REQUEST_LOG=path (one line per completion request: its prompt length, max_tokens and stream flag),
 FAKE_VLLM_ACCEPT_SCALE=x (a faulty synthetic sampler: every conditional rate times x).
 TREEWY_MODE=reconstruct makes the fake KV pool 2.4x roomier per request, like the plugin.
 A served tree (TREEWY_TREE=W1,W2,..., k = its N drafts) accepts at most its depth D drafts per step, at
@@ -140,6 +141,11 @@ def serve(argv: list[str]) -> int:
                 self._send(404, b'{"error": "not found"}')
                 return
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            if os.environ.get("FAKE_VLLM_REQUEST_LOG"):
+                prompt = body.get("prompt")
+                with st.lock, open(os.environ["FAKE_VLLM_REQUEST_LOG"], "a") as f:
+                    f.write(json.dumps({"prompt_len": len(prompt) if isinstance(prompt, list) else None,
+                                        "max_tokens": body.get("max_tokens"), "stream": body.get("stream")}) + "\n")
             with st.lock:
                 st.completions += 1
                 if die_after and st.completions >= die_after:

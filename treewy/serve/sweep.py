@@ -21,7 +21,9 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from treewy.serve.launcher import ServeError, ServeOptions, VLLMServer, acceptance_of, build_command, check_port_free
 from treewy.serve.metrics import MetricsScraper
@@ -35,6 +37,7 @@ from treewy.serve.sweep_points import (
     failed_row,
     point_key,
     row_from_result,
+    warmup_bodies,
 )
 
 __all__ = ["WORKLOADS", "Point", "Sweep", "SweepConfig", "Workload", "append_record", "bench_command", "failed_row",
@@ -57,6 +60,16 @@ def _run_group(argv: list[str], timeout: float) -> tuple[int, str]:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         raise
+
+
+def _settled_alive(srv: VLLMServer) -> bool:
+    """Whether the server is still running, after letting one that stopped answering finish dying (it usually is)."""
+    if srv.alive and not srv.healthy():
+        try:
+            srv.proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            pass
+    return srv.alive
 
 
 class Sweep:
@@ -160,7 +173,37 @@ class Sweep:
         srv.stop()
         self.cfg.server_pid_file.unlink(missing_ok=True)
 
+    def warm_up(self, srv: VLLMServer, p: Point) -> str | None:
+        """Send the point's warm-up (``warmup_bodies``), ``p.concurrency`` requests at a time (a rate point: as many
+        as the server runs at once); the first failure's text, or None."""
+        bodies = warmup_bodies(self.cfg, p)
+        if not bodies:
+            return None
+        url = srv.base_url + "/v1/completions"
+
+        def send(body: dict) -> str | None:
+            req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=self.cfg.point_timeout) as r:
+                    r.read()
+            except Exception as e:  # noqa: BLE001 (a refused, failed or timed-out request: reported as the row's error)
+                return f"{type(e).__name__}: {e}"
+            return None
+
+        width = min(len(bodies), p.concurrency or self.cfg.server.max_num_seqs)
+        with ThreadPoolExecutor(max_workers=width) as pool:
+            errors = [e for e in pool.map(send, bodies) if e]
+        return errors[0] if errors else None
+
     def run_point(self, srv: VLLMServer, p: Point) -> dict:
+        warm_error = self.warm_up(srv, p)
+        if warm_error is not None and not _settled_alive(srv):
+            return failed_row(self.cfg, p, f"the vLLM server exited with code {srv.proc.returncode} during this "
+                              f"point's warm-up; last server log lines: {srv.last_log(5)}")
+        if warm_error is not None:
+            return failed_row(self.cfg, p, f"a warm-up request failed ({len(warmup_bodies(self.cfg, p))} sent before "
+                              f"the point): {warm_error}")
         name = p.label() + ".json"
         result_path = self.result_dir / name
         result_path.unlink(missing_ok=True)
@@ -170,12 +213,7 @@ class Sweep:
             code, out = _run_group(argv, self.cfg.point_timeout)
         finally:
             metrics = scraper.stop()
-        if srv.alive and not srv.healthy():
-            try:  # a server that stopped answering is usually on its way out: let it finish dying
-                srv.proc.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                pass
-        if not srv.alive:
+        if not _settled_alive(srv):
             return failed_row(self.cfg, p, f"the vLLM server exited with code {srv.proc.returncode} during this "
                               f"point; last server log lines: {srv.last_log(5)}")
         if code != 0 or not result_path.is_file():

@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from treewy.serve.acceptance import check_acceptance
 from treewy.serve.launcher_command import (
     ServeError, ServeOptions, acceptance_of, acceptance_positions, capture_plan, dummy_weights,
@@ -91,7 +93,7 @@ class SweepConfig:
     max_restarts: int = 1
     seed: int = 0
     echo_server_log: bool = False
-    warmup_waves: int = 1                 # unmeasured waves sent before each point (``warmups``); 0: none
+    warmup_waves: int = 1                 # unmeasured waves sent before each point (``warmup_bodies``); 0: none
 
     def points(self) -> list[Point]:
         unknown = [w for w in self.workloads if w not in WORKLOADS]
@@ -131,10 +133,8 @@ class SweepConfig:
         return max(self.num_prompts, self.prompts_per_concurrency * (p.concurrency or 0))
 
     def warmups(self, p: Point) -> int:
-        """Unmeasured requests sent before a point's measured run (``vllm bench serve --num-warmups``: copies of the
-        point's first request, at most --max-concurrency of them in flight): ``warmup_waves`` waves of the point's
-        concurrency, or for a rate point of as many as the server runs at once. The first steps of a batch shape
-        compile and tune kernels during inference; the warm-up pays that instead of the point's first requests."""
+        """Unmeasured requests sent before a point's measured run (``warmup_bodies``): ``warmup_waves`` waves of the
+        point's concurrency, or for a rate point of as many as the server runs at once."""
         wave = p.concurrency if p.concurrency is not None else min(self.prompts(p), self.server.max_num_seqs)
         return self.warmup_waves * wave
 
@@ -162,13 +162,40 @@ def bench_command(cfg: SweepConfig, p: Point, result_dir: Path, result_name: str
             "--num-prompts", str(cfg.prompts(p)), "--seed", str(cfg.seed),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "99",
             "--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", result_name]
-    if cfg.warmups(p):
-        argv += ["--num-warmups", str(cfg.warmups(p))]
     if p.concurrency is not None:
         argv += ["--max-concurrency", str(p.concurrency)]
     if p.request_rate is not None:
         argv += ["--request-rate", str(p.request_rate)]
     return argv
+
+
+#: Output tokens of a warm-up request: a few decode steps, whose graphs the server captured when it started.
+WARMUP_OUTPUT_TOKENS = 16
+#: Prompt length of a warm-up request for a workload whose prompts come from a file (their lengths vary).
+WARMUP_FILE_PROMPT_TOKENS = 256
+
+
+def warmup_bodies(cfg: SweepConfig, p: Point) -> list[dict]:
+    """The /v1/completions bodies of a point's warm-up (``cfg.warmups(p)`` of them, sent ``p.concurrency`` at a time
+    just before the point). The first steps of a new batch shape compile and tune kernels during inference (prefill
+    chunks of a new token count pick new MoE and GDN kernel configurations); the warm-up pays that instead of the
+    point's first requests. Its prompts have the workload's lengths (random ones: uniform within its spread) but
+    token ids of their own (byte ids 1..255, drawn from a seed the measured prompts do not use), so no measured
+    prompt is in the prefix cache, and each asks for WARMUP_OUTPUT_TOKENS tokens: the prefill shapes of the point's
+    wave at a small part of a full wave's time. (vLLM's ``--num-warmups`` would instead send copies of the first
+    prompt at full output length: the same prefill each time, for a wave's whole time.)"""
+    n = cfg.warmups(p)
+    w = WORKLOADS[p.workload]
+    rng = np.random.default_rng([cfg.seed, 1 << 20, *p.label().encode()])
+    if w.dataset == "random":
+        lo, hi = int(w.input_len * (1 - w.range_ratio)), int(w.input_len * (1 + w.range_ratio))
+        lengths = rng.integers(max(lo, 1), max(hi, 1) + 1, size=n)
+    else:
+        lengths = np.full(n, WARMUP_FILE_PROMPT_TOKENS)
+    model = cfg.server.served_model_name or cfg.server.model
+    return [{"model": model, "prompt": rng.integers(1, 256, size=int(m)).tolist(), "max_tokens": WARMUP_OUTPUT_TOKENS,
+             "ignore_eos": True, "temperature": 0.0, "stream": False}
+            for m in lengths]
 
 
 def _base_row(cfg: SweepConfig, p: Point) -> dict:

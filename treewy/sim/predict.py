@@ -1,19 +1,19 @@
 """The serving sweep of the 35B architecture on one H200 as the simulator predicts it, before the GPU run.
 
-The grid: gmu 0.6, 0.75, 0.9 x three workloads x concurrency 1, 8, 32, 64, 128, 256 x both modes, at the paper's
-synthetic acceptance (its 35B depth-3 MTP chain, 3.23 tokens per step: ``acceptance_rates``' default), on the server
-``H200_VLLM026_DECODE_GRAPHS`` describes (max_num_seqs 256, decode-only CUDA graphs of up to 512 tokens), with
-``requests_per_point(c)`` requests per point, the number the GPU sweep sends (``--prompts-per-concurrency 4
---num-prompts 64``): at least 64, so that a p99 is not one request's time.
-
-Workloads: ``generation-short`` and ``summarize-short`` (the catalogue's), and ``balanced-short``, balanced-chat
-(1024 -> 1024) at 1/8 of its lengths, the scale of ``summarize-short``: random 128 -> 128 tokens, +- 20 %
-(``vllm bench serve --dataset-name random --random-input-len 128 --random-output-len 128 --random-range-ratio 0.2``).
+The grid: gmu 0.6, 0.75, 0.9 x the three workloads of the measured sweep (``MEASURED_WORKLOADS``:
+generation-short, summarize-short, balanced-short) x concurrency 1, 8, 32, 64, 128, 256 x both modes, at the
+paper's synthetic acceptance (its 35B depth-3 MTP chain, 3.23 tokens per step: ``acceptance_rates``' default), on
+the server ``H200_VLLM026_DECODE_GRAPHS`` describes (max_num_seqs 256, decode-only CUDA graphs) with graphs captured
+up to max_num_seqs x (1 + k) = 1024 tokens, as the launcher asks vLLM for (``capture_plan``), and with
+``requests_per_point(c)`` requests per point, the number the GPU sweep sends (``--num-prompts 16``, one wave per
+concurrency): one wave of c requests, and at least 16, so that at low concurrency TTFT and TPOT are means over 16
+requests rather than one request's time.
 """
 
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,31 +22,32 @@ import polars as pl
 from treewy.paper import CONCURRENCIES
 from treewy.sim.calibrated import H200_VLLM026_DECODE_GRAPHS
 from treewy.sim.sweep import simulate
-from treewy.workloads import CATALOGUE
+from treewy.workloads import CATALOGUE, MEASURED_WORKLOADS
 
 GMUS = (0.6, 0.75, 0.9)
-MIN_REQUESTS = 64
-REQUESTS_PER_CONCURRENCY = 4
-#: (input, output) centre lengths and spread of the workload that is not in the catalogue
-BALANCED_SHORT = (128, 128, 0.2)
-WORKLOADS = ("generation-short", "summarize-short", "balanced-short")
+MIN_REQUESTS = 16
+REQUESTS_PER_CONCURRENCY = 1
+WORKLOADS = MEASURED_WORKLOADS
+#: max_num_seqs x (1 + k): the largest step the launcher has vLLM capture (``launcher_command.capture_plan``)
+GRAPH_MAX_TOKENS = H200_VLLM026_DECODE_GRAPHS.max_num_seqs * (1 + 3)
+SERVER = replace(H200_VLLM026_DECODE_GRAPHS, graph_max_tokens=GRAPH_MAX_TOKENS)
 
 
 def requests_per_point(concurrency: int) -> int:
-    """Requests sent at one closed-loop point: max(4 x concurrency, 64)."""
+    """Requests sent at one closed-loop point: max(concurrency, 16)."""
     return max(REQUESTS_PER_CONCURRENCY * int(concurrency), MIN_REQUESTS)
 
 
 def _lengths(workload: str, n: int, rng: np.random.Generator):
     """vLLM's random dataset: uniform integers in [centre x (1 - r), centre x (1 + r)], as ``sample_lengths``."""
-    i, o, r = BALANCED_SHORT if workload == "balanced-short" else (
-        CATALOGUE[workload].input_len, CATALOGUE[workload].output_len, CATALOGUE[workload].range_ratio)
+    w = CATALOGUE[workload]
+    i, o, r = w.input_len, w.output_len, w.range_ratio
     draw = lambda c: rng.integers(int(c * (1 - r)), int(c * (1 + r)) + 1, size=n)  # noqa: E731
     return draw(i), draw(o)
 
 
 def predict(gmus=GMUS, workloads=WORKLOADS, concurrency=CONCURRENCIES, seed: int = 0, acceptance=None,
-            server=H200_VLLM026_DECODE_GRAPHS) -> pl.DataFrame:
+            server=SERVER) -> pl.DataFrame:
     """SIMULATED rows (``treewy.schema``) for every point of the grid, H200, TP1, the 35B architecture."""
     frames = []
     for gi, gmu in enumerate(gmus):
