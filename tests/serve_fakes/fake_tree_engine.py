@@ -272,8 +272,8 @@ class FakeTreeEngine:
         if self.vllm is not None:   # the KV moved in the after-sample step; the rest commits in the next forward
             self.num_computed = self.num_computed + acc.length * live.long()
             return
-        hooks.compact_tree_kv(list(self.kv.values()), lay, acc, self.num_computed, self.block_table, self.block_size,
-                              live)
+        for i in s.attn_layers:
+            hooks.compact_tree_kv(*self._kv_views(i), self.block_table, self.num_computed, acc, lay, live)
         slots = self.state_idx[:, 0]
         for i in s.gdn_layers:
             hooks.commit_tree_conv(self.conv[i], self.conv_inputs[i], slots, lay, acc.accepted)

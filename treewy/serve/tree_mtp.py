@@ -64,7 +64,8 @@ def mtp_tree_passes(entry: MTPEntry, lm_head: Callable[[torch.Tensor], torch.Ten
     outs[:, 0] = root_out
     plan.fill(tokens, lm_head(root_out)[:, None], plan.root_fill)
     for lv in plan.levels:   # pass d: every node of depth 1..d, the depth-d ones new
-        out = entry(tokens[:, lv.nodes].clamp(min=0), outs[:, lv.parents], root_pos.long()[:, None] + lv.depth[None], lv.mask[0])
+        pos = root_pos.long()[:, None] + lv.depth[None]
+        out = entry(tokens[:, lv.nodes].clamp(min=0), outs[:, lv.parents], pos, lv.mask[0])
         new = out[:, lv.new]
         outs[:, lv.new_nodes] = new
         plan.fill(tokens, lm_head(new), lv.fill)

@@ -39,9 +39,7 @@ from treewy.ops.gates import gdn_gating, l2norm
 from treewy.ops.verify.pending import PendingCommit
 from treewy.serve.launcher_command import DRAFTERS, ServeError, TREE_DRAFTER_ENV, TREE_ENV, TREE_RATES_ENV, parse_tree
 from treewy.serve.reconstruct import ReconstructPools
-from treewy.serve.tree_commit import (
-    commit_conv_state, compact_kv, kv_compaction, record_accepted, reset_accepted,
-)
+from treewy.serve.tree_commit import commit_conv_state, kv_compaction, record_accepted, reset_accepted
 from treewy.serve.tree_spec import (
     SyntheticAcceptance, TreeAcceptance, TreeLayout, accept_tree, propose_mtp_tree, propose_ngram_tree,
 )
@@ -275,15 +273,27 @@ def tree_rejection_sample(serving: TreeServing, draft_token_ids: torch.Tensor, t
 # 5. After acceptance
 # ------------------------------------------------------------------------------------------------------------------
 
-def compact_tree_kv(kv_caches: Sequence[torch.Tensor], layout: TreeLayout, acc: TreeAcceptance,
-                    num_computed: torch.Tensor, block_table: torch.Tensor, block_size: int,
+def compact_tree_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                    num_computed: torch.Tensor, acc: TreeAcceptance, layout: TreeLayout,
                     live: torch.Tensor | None = None) -> None:
-    """In place, every softmax layer: the accepted path's K/V from num_computed + path[j] to num_computed + j, the
-    slots the scheduler now counts as committed (rows with ``live`` False move nothing). kv_caches: vLLM's per-layer
-    [2, num_blocks, block_size, Hkv, D]."""
-    src, dst = kv_compaction(layout, acc, num_computed, block_table, block_size, live)
-    for cache in kv_caches:
-        compact_kv(cache.view(2, -1, *cache.shape[3:]), src, dst, dim=1)
+    """In place, one softmax layer: each window's accepted path's K/V from num_computed + path[j] to
+    num_computed + j, the slots the scheduler now counts as committed (rows with ``live`` False move nothing).
+    k_cache, v_cache [num_blocks, block_size, Hkv, D], any strides (the two views of FlashAttention's packed cache,
+    ``vllm_adapter.split_kv_cache``, or the halves of a [2, num_blocks, ...] cache); block_table [B, blocks] and
+    num_computed [B]: the windows' rows. ``compact_accepted_kv`` on CUDA, ``kv_compaction``'s slots elsewhere."""
+    if k_cache.is_cuda:
+        from treewy.ops.attention.kernel import compact_accepted_kv
+        B = num_computed.shape[0]
+        length = acc.length if live is None else acc.length * live.long()
+        cu = (torch.arange(B + 1, device=num_computed.device) * layout.num_nodes).to(torch.int32)
+        compact_accepted_kv(k_cache, v_cache, block_table.to(torch.int32), num_computed.to(torch.int32), cu,
+                            acc.path.clamp(min=0).to(torch.int32), length.to(torch.int32),
+                            check_values=False)   # the engine's indices: no host read each step
+        return
+    bs = k_cache.shape[1]
+    src, dst = kv_compaction(layout, acc, num_computed, block_table, bs, live)
+    for cache in (k_cache, v_cache):   # the right side gathers every source before any slot is written
+        cache[dst // bs, dst % bs] = cache[src // bs, src % bs]
 
 
 def commit_tree_conv(conv_state: torch.Tensor, x: torch.Tensor, slots: torch.Tensor, layout: TreeLayout,

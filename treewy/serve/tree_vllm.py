@@ -14,7 +14,7 @@ vLLM's back. Installed so far, in the order of vLLM's step:
 
 5. the softmax layers: ``FlashAttentionImpl.forward`` runs the tree attention op on the full windows
    (``tree_window_attention``: prefix = seq_lens - T, vLLM's block table and query_start_loc, the layout's parents);
-6. after the sampler, the KV compaction of every FlashAttention layer (``compact_window_kv``: the accepted path from
+6. after the sampler, the KV compaction of every FlashAttention layer (``compact_tree_kv``: the accepted path from
    num_computed + path[j] to num_computed + j, with its KV-cache group's block table), before the next step writes;
 7. the n-gram drafter: ``NgramProposer.propose`` drafts the tree on the host (``ngram_tree_drafts``), N tokens per
    request in DFS order, -1 where nothing continues (the runner's input ids see 0 there; the sampler sees -1).
@@ -35,12 +35,11 @@ import numpy as np
 import torch
 
 from treewy.serve import vllm_adapter as adapter
-from treewy.serve.tree_commit import kv_compaction
 from treewy.serve.tree_plugin import (
-    TreeServing, ngram_tree_drafts, store_all_tree_update, tree_attention_spec, tree_conv, tree_from_env,
-    tree_positions, tree_rejection_sample, tree_spec_update,
+    TreeServing, compact_tree_kv, ngram_tree_drafts, store_all_tree_update, tree_attention_spec, tree_conv,
+    tree_from_env, tree_positions, tree_rejection_sample, tree_spec_update,
 )
-from treewy.serve.tree_spec import TreeAcceptance, TreeLayout
+from treewy.serve.tree_spec import TreeLayout
 
 #: What a served tree still needs from vLLM, which ``install`` does not wire yet, per drafter (a drafter absent here
 #: lacks nothing: the n-gram tree is installed).
@@ -300,7 +299,7 @@ def _after_sample(stock):
         layout = RUNTIME.serving(accepted.device).layout
         for kv_cache, table, head in adapter.flash_kv_caches(self, accepted.shape[0]):
             k_cache, v_cache = adapter.split_kv_cache(kv_cache, head)
-            compact_window_kv(k_cache, v_cache, table[rows], windows.num_computed, acc, layout)
+            compact_tree_kv(k_cache, v_cache, table[rows], windows.num_computed, acc, layout)
     return after_sample
 
 
@@ -328,25 +327,6 @@ def tree_window_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     o = tree_attention_spec(query[idx].contiguous(), k_cache, v_cache, block_table[rows], seq_lens[rows], layout,
                             scale)
     output[idx] = o.to(output.dtype)
-
-
-def compact_window_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, prefix: torch.Tensor,
-                      acc: TreeAcceptance, layout: TreeLayout) -> None:
-    """In place: each window's accepted path's K/V from prefix + path[j] to prefix + j (the slots the scheduler now
-    counts as committed), in vLLM's paged layout (k_cache, v_cache [num_blocks, block_size, Hkv, D], views of one
-    FlashAttention cache). block_table [B, blocks] and prefix [B]: the windows' rows."""
-    if k_cache.is_cuda:
-        from treewy.ops.attention.kernel import compact_accepted_kv
-        B = prefix.shape[0]
-        cu = (torch.arange(B + 1, device=prefix.device) * layout.num_nodes).to(torch.int32)
-        compact_accepted_kv(k_cache, v_cache, block_table.to(torch.int32), prefix.to(torch.int32), cu,
-                            acc.path.clamp(min=0).to(torch.int32), acc.length.to(torch.int32),
-                            check_values=False)   # the engine's indices: no host read each step
-        return
-    bs = k_cache.shape[1]
-    src, dst = kv_compaction(layout, acc, prefix, block_table, bs)
-    for cache in (k_cache, v_cache):
-        cache[dst // bs, dst % bs] = cache[src // bs, src % bs]
 
 
 def _attention_forward(stock):
