@@ -149,15 +149,19 @@ INSTALLED_CASES = [pytest.param(w, d, m, id=f"{''.join(map(str, w))}-{d}-{m}") f
 
 
 @pytest.mark.parametrize("widths,drafter,mode", INSTALLED_CASES)
-def test_hooks_installed_into_vllms_names_emit_what_generate_emits(tiny, stand_in, widths, drafter, mode):
-    """The engine calls vLLM's runner, GDN-module, attention, sampler and n-gram names as vLLM 0.26 does; tree_vllm's
-    installed hooks turn those calls into the tree's (positions by depth, tree conv with its fold, the tree's GDN
-    step, tree attention, the tree sampler, the accepted node carried in vLLM's num_accepted_tokens, the KV
-    compaction after the sampler, the n-gram tree): tokens and accepted nodes equal generate's. No hook is called
-    directly; only the MTP drafts come from MTPDrafter (tree_vllm.MISSING)."""
+def test_hooks_installed_into_vllms_names_emit_what_generate_emits(tiny, stand_in, monkeypatch, widths, drafter,
+                                                                     mode):
+    """The engine calls vLLM's runner, GDN-module, attention, sampler, n-gram and MTP-proposer names as vLLM 0.26
+    does; tree_vllm's installed hooks turn those calls into the tree's (positions by depth, tree conv with its fold,
+    the tree's GDN step, tree attention, the tree sampler, the accepted node carried in vLLM's num_accepted_tokens,
+    the KV compaction after the sampler, the n-gram tree, the MTP tree passes inside propose): tokens and accepted
+    nodes equal generate's. No hook is called directly, and MTPDrafter is not on this path."""
+    import fake_tree_engine
+
     from treewy.decode import generate
     from treewy.serve import tree_vllm
     model, prompts = tiny
+    monkeypatch.setattr(fake_tree_engine, "MTPDrafter", None)   # the stand-in's drafts come from vLLM's proposer
     engine = FakeTreeEngine(model, widths, mode, drafter, vllm=stand_in)
     tree_vllm.install(mode, active_pools=lambda: engine.active_pools,
                       environ={"TREEWY_TREE": ",".join(map(str, widths))})
@@ -167,10 +171,12 @@ def test_hooks_installed_into_vllms_names_emit_what_generate_emits(tiny, stand_i
     assert steps == [(s.step, s.request, s.accepted, s.length) for s in ref.steps]
     assert any(s[3] > 1 for s in steps)
     # every stock function stood aside for the spec rows: vLLM's conv, sampler, attention and n-gram drafter never
-    # ran (every step is a uniform batch of windows), its runner steps did
+    # ran on them (every step is a uniform batch of windows), its runner steps did; the MTP drafter ran vLLM's first
+    # pass (one draft, its causal attention) after the prefill and after every step, the tree passes the rest
     assert stand_in.conv_calls == [] and stand_in.sampler_calls == [] and stand_in.stock_calls == []
-    assert stand_in.attn_calls == [] and stand_in.ngram_calls == []
-    assert stand_in.runner_calls[:2] == ["prepare", "after"]
+    assert stand_in.ngram_calls == [] and stand_in.runner_calls[:2] == ["prepare", "after"]
+    proposals = len({s[0] for s in steps}) + 1 if drafter == "mtp" else 0
+    assert stand_in.propose_calls == [1] * proposals and len(stand_in.attn_calls) == proposals
 
 
 def test_installed_hooks_get_vllms_tensors_and_uninstall_restores_vllm(stand_in, monkeypatch):
@@ -245,7 +251,7 @@ def test_register_installs_the_tree_hooks_once_nothing_is_missing(stand_in, monk
     stock_spec = getattr(stand_in.gdn, A.SPEC_UPDATE)
     plugin.register()
     assert tree_vllm.RUNTIME.mode == mode and tree_vllm.RUNTIME.widths == (2, 2)
-    assert len(tree_vllm.installed()) == 7 and stock_spec in tree_vllm.installed()
+    assert len(tree_vllm.installed()) == 9 and stock_spec in tree_vllm.installed()
     assert not getattr(getattr(stand_in.gdn, A.SPEC_UPDATE), plugin._PATCHED, False)
     assert (A.GDN_LAYER in stand_in.registry) == (mode == "reconstruct")
     seen = {}
@@ -369,6 +375,76 @@ def test_mtp_tree_passes_draft_what_mtp_drafter_drafts(tiny, widths):
         for d in (ref, ours):
             d.advance(emitted, path_hidden)
         roots = [e[-1] for e in emitted]
+
+
+@pytest.mark.parametrize("widths", [(2, 2, 1), (2, 2, 2), (3, 3, 3)])
+@torch.no_grad()   # vLLM's runner drafts in inference mode
+def test_installed_mtp_proposer_drafts_what_mtp_drafter_drafts(tiny, stand_in, widths):
+    """SpecDecodeBaseProposer.propose as tree_vllm installs it, called as vLLM's runner calls it (after the prefill:
+    the prompts' rows; after a step: the window's rows of vLLM's padded drafter batch, acceptance through the
+    installed sampler and after-sample step), on the stand-in MTP model (the tiny checkpoint's MTP head, its own
+    paged cache): the drafts equal MTPDrafter's at the first step and after an accepted path off the DFS-first chain."""
+    from treewy.drafters import MTPDrafter
+    from treewy.models.cache import HybridCache
+    from treewy.models.hybrid import prefill
+    from treewy.models.spec import spec_of
+    from treewy.serve import tree_vllm
+    from treewy.serve import vllm_adapter as A
+    from treewy.serve.tree_commit import slots_of
+    model, prompts = tiny
+    spec, B, bs = spec_of(model), len(prompts), 16
+    layout = hooks.TreeLayout(widths)
+    T, D = layout.num_nodes, layout.max_depth
+    tree_vllm.install("reconstruct", environ={"TREEWY_TREE": ",".join(map(str, widths))})
+    cache = HybridCache.empty(spec, B, 64, torch.float32, "cpu")
+    hidden, logits = prefill(spec, cache, prompts, "cpu")
+    roots = logits.argmax(-1)
+    ref = MTPDrafter(model)
+    ref.begin(model, prompts, hidden, roots.tolist(), capacity=128)
+    gen = torch.Generator().manual_seed(0)
+    table = (torch.randperm(B * 6, generator=gen) + 1).reshape(B, 6).to(torch.int32)   # 96 slots per request
+    name = "mtp.layers.0.self_attn.attn"
+    impl = getattr(stand_in.flash, A.FLASH_IMPL)(spec.Hq, spec.D, spec.layers[spec.attn_layers[0]].self_attn.scaling,
+                                                 spec.Hkv)
+    kv = stand_in.flash_kv_cache(B * 6 + 1, bs, spec.Hkv, spec.D, torch.float32)
+    proposer = getattr(stand_in.proposer, A.PROPOSER)(stand_in.mtp_model(model, name, impl, kv), [name], T - 1)
+
+    def propose(tokens, positions, hid, next_ids, sampled, qsl, seq_lens, logical, rejected):
+        slots = torch.cat([slots_of(table[b:b + 1].long(), logical[b][None], bs)[0] for b in range(B)])
+        cad = stand_in.common_metadata(qsl.to(torch.int32), seq_lens.to(torch.int32), tokens.shape[0],
+                                       int((qsl[1:] - qsl[:-1]).max()), table, slots)
+        return proposer.propose(T - 1, tokens, positions, hid, next_ids, sampled, cad, stand_in.sampling_metadata(),
+                                None, rejected, None)
+
+    lens = torch.tensor([len(p) for p in prompts])
+    got = propose(torch.tensor([t for p in prompts for t in p], dtype=torch.int32),
+                  torch.cat([torch.arange(n) for n in lens.tolist()]), torch.cat(hidden), roots.to(torch.int32), None,
+                  torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]), lens,
+                  [torch.arange(n) for n in lens.tolist()], None)
+    assert torch.equal(got, ref.propose(layout.tree)[:, 1:]) and got.shape == (B, T - 1)
+    # accept node 0 -> its last child -> ... through vLLM's runner steps, with bonus 7
+    path = [0]
+    for d in range(D):
+        path.append(int(layout.children[d][layout.level_index[path[-1]], -1]))
+    runner = getattr(stand_in.runner, A.RUNNER)(max_tokens=B * T, max_reqs=B)
+    sched = stand_in.scheduled(lens.clone(), got.tolist(), roots.tolist())
+    _, md = runner._prepare_inputs(sched, [T] * B)
+    target = torch.zeros(B * T, spec.config.vocab_size)
+    for b in range(B):
+        for j, t in enumerate(path):
+            target[b * T + t, int(got[b, path[j + 1] - 1]) if j < D else 7] = 1
+    out = getattr(stand_in.sampler, A.REJECTION_SAMPLER)().forward(md, None, target, stand_in.sampling_metadata())
+    runner._update_states_after_model_execute(out.sampled_token_ids, sched)
+    assert (out.sampled_token_ids != -1).sum(1).tolist() == [D + 1] * B
+    window = torch.randn(B, T, hidden[0].shape[-1], generator=gen)
+    ref.advance(out.sampled_token_ids.tolist(), [window[b, path] for b in range(B)])
+    rejected = torch.full((B,), T - (D + 1), dtype=torch.int32)
+    qsl = torch.arange(B + 1) * T
+    got = propose(getattr(runner.input_ids, A.BUFFER_GPU)[: B * T].clone(), runner.positions[: B * T].clone(),
+                  window.reshape(B * T, -1), out.sampled_token_ids[:, -1], qsl[1:] - 1 - rejected, qsl, lens + T,
+                  [n + torch.arange(T) for n in lens.tolist()], rejected)
+    assert torch.equal(got, ref.propose(layout.tree)[:, 1:])
+    assert stand_in.propose_calls == [1, 1]   # vLLM's own first pass each time; the tree passes drafted the rest
 
 
 def test_mtp_tree_passes_name_bad_input():

@@ -11,9 +11,12 @@ With ``vllm`` (a ``stand_in_vllm.StandIn`` where ``tree_vllm.install`` ran) the 
 instead, as vLLM 0.26's runner and GDN layer call them: the runner's ``_prepare_inputs``, the layer module's conv
 kernel and spec kernel (with vLLM's per-request ``num_accepted_tokens``), ``FlashAttentionImpl.forward`` on
 FlashAttention's packed cache [num_blocks, Hkv, block_size, 2 * D], ``RejectionSampler.forward``,
-``_update_states_after_model_execute`` and ``NgramProposer.propose``; the installed hooks do the tree's work there
-(the KV compaction too, inside the after-sample step). The MTP drafts still come from ``MTPDrafter`` (vLLM's tree
-passes are not built: ``tree_vllm.MISSING``).
+``_update_states_after_model_execute``, ``NgramProposer.propose`` and the MTP drafter's
+``SpecDecodeBaseProposer.propose`` (after the prefill and after every step, with the runner's inputs as vLLM's padded
+drafter batch hands them over: the window's rows, the bonus as next token, the sampled row after the rejected ones),
+whose model is the checkpoint's MTP head on its own paged cache; the installed hooks do the tree's work there (the KV
+compaction inside the after-sample step, the tree passes inside propose). Without ``vllm`` the MTP drafts come from
+``MTPDrafter``.
 """
 
 from __future__ import annotations
@@ -64,30 +67,42 @@ class FakeTreeEngine:
             self.attn_impl = getattr(self.vllm.flash, A.FLASH_IMPL)(s.Hq, s.D, s.layers[s.attn_layers[0]]
                                                                     .self_attn.scaling, s.Hkv)
             self.ngram = getattr(self.vllm.ngram, A.NGRAM_PROPOSER)(T - 1)
+            if self.drafter == "mtp":   # the drafter's one attention layer, its own paged cache, vLLM's proposer
+                dt = next(self.model.parameters()).dtype
+                self.mtp_kv = type(self.vllm).flash_kv_cache(B * blocks_per_req + 1, self.block_size, s.Hkv, s.D, dt)
+                impl = getattr(self.vllm.flash, A.FLASH_IMPL)(s.Hq, s.D, s.layers[s.attn_layers[0]].self_attn.scaling,
+                                                              s.Hkv)
+                mtp = self.vllm.mtp_model(self.model, "mtp.layers.0.self_attn.attn", impl, self.mtp_kv)
+                self.proposer = getattr(self.vllm.proposer, A.PROPOSER)(mtp, ["mtp.layers.0.self_attn.attn"], T - 1)
         hidden, logits = self._prefill(prompts, cap)
         roots = logits.argmax(-1)
         out = [[int(r)] for r in roots.tolist()]
         done = [max_new_tokens <= 1 for _ in out]
-        d = None
-        if self.drafter == "mtp":   # vLLM's MTP passes (not a hook: the tree passes' override is not built yet)
+        d = drafts = None
+        if self.drafter == "mtp" and self.vllm is None:
             d = MTPDrafter(self.model)
             d.begin(self.model, prompts, hidden, [o[0] for o in out], capacity=cap + max_new_tokens + 1)
+        elif self.drafter == "mtp":   # vLLM's MTP drafter: after the prefill, then after every step (below)
+            drafts = self._propose_after_prefill(prompts, hidden, roots)
         ctx = [list(p) + [o[0]] for p, o in zip(prompts, out)]
         stats, step = [], 0
         while not all(done):
             if d is not None:
                 drafts = d.propose(lay.tree)[:, 1:]
-            elif self.vllm is not None:   # vLLM's n-gram drafter, on the runner's host copies of the tokens
+            elif self.drafter == "ngram" and self.vllm is not None:   # vLLM's n-gram drafter, on the host copies
                 token_ids = np.zeros((B, cap + max_new_tokens + 1), dtype=np.int32)
                 for b, c in enumerate(ctx):
                     token_ids[b, :len(c)] = c
                 drafts = torch.tensor(self.ngram.propose(T - 1, [[o[-1]] for o in out],
                                                          np.array([len(c) for c in ctx]), token_ids))
-            else:
+            elif self.drafter == "ngram":
                 drafts = hooks.ngram_tree_drafts(ctx, lay)
             acc, hid = self._step(roots, drafts)
             live = torch.tensor([not x for x in done])
+            computed = self.num_computed
             self._after(acc, live)
+            if self.drafter == "mtp" and self.vllm is not None:
+                drafts = self._propose_after_step(acc, hid, computed)
             path = acc.path.clamp(min=0)
             along = hid[torch.arange(B)[:, None], path]
             emitted, path_hidden = [], []
@@ -111,6 +126,36 @@ class FakeTreeEngine:
             roots = acc.bonus
             step += 1
         return out, stats
+
+    def _propose(self, tokens, positions, hidden, next_ids, sampled_rows, qsl, seq_lens, slot_mapping, rejected):
+        """vLLM's runner handing a step to the MTP drafter (``propose_draft_token_ids``): draft_token_ids [B, N]."""
+        cad = type(self.vllm).common_metadata(qsl.to(torch.int32), seq_lens.to(torch.int32), tokens.shape[0],
+                                              int((qsl[1:] - qsl[:-1]).max()), self.block_table.to(torch.int32),
+                                              slot_mapping)
+        return self.proposer.propose(self.serving.num_drafts, tokens, positions, hidden, next_ids, sampled_rows, cad,
+                                     type(self.vllm).sampling_metadata(), None, rejected, None)
+
+    def _propose_after_prefill(self, prompts, hidden, roots):
+        """The prompts' rows (no spec metadata: vLLM samples each request's last row)."""
+        lens = torch.tensor([len(p) for p in prompts])
+        qsl = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
+        slots = torch.cat([slots_of(self.block_table[b:b + 1], torch.arange(len(p))[None], self.block_size)[0]
+                           for b, p in enumerate(prompts)])
+        return self._propose(torch.tensor([t for p in prompts for t in p], dtype=torch.int32),
+                             torch.cat([torch.arange(len(p)) for p in prompts]), torch.cat(list(hidden)),
+                             roots.to(torch.int32), None, qsl, lens, slots, None)
+
+    def _propose_after_step(self, acc, hid, computed):
+        """The windows' rows as vLLM's padded drafter batch keeps them (``prepare_inputs_padded``: rejected rows stay,
+        the sampled row is the last valid one, next token the bonus), the runner's input ids and positions."""
+        B, T = hid.shape[:2]
+        rejected = (T - acc.length).to(torch.int32)
+        qsl = torch.arange(B + 1) * T
+        slots = slots_of(self.block_table, computed[:, None] + torch.arange(T)[None], self.block_size).reshape(-1)
+        return self._propose(getattr(self.runner.input_ids, A.BUFFER_GPU)[: B * T].clone(),
+                             self.runner.positions[: B * T].clone(), hid.reshape(B * T, -1),
+                             acc.bonus.to(torch.int32), (qsl[1:] - 1 - rejected).to(torch.int32), qsl, computed + T,
+                             slots, rejected)
 
     def _pools(self, n_slots: int, n_blocks: int, T: int) -> None:
         s, dt = self.spec, next(self.model.parameters()).dtype

@@ -3,11 +3,15 @@
 ``_forward_core`` calls the module's spec kernel by keyword (as vLLM 0.26's does), the forward context, MambaSpec
 and the model classes' page planning; for served trees (``tree_vllm``) the layer module's conv kernel, the rejection
 sampler, SamplerOutput, the model runner's two methods with the attributes a tree reads (positions, input ids,
-attention groups, block tables), FlashAttention's impl (causal attention over its packed paged cache) and the n-gram
-drafter, each stock one doing what vLLM's does with the tensors a tree touches. What each name means in vLLM is checked by ``vllm_names``, not here."""
+attention groups, block tables), FlashAttention's impl (causal attention over its packed paged cache), the n-gram
+drafter, and the MTP drafter: ``SpecDecodeBaseProposer`` (its first pass and one draft), an attention layer that
+writes K/V at the forward context's slot mapping, and Qwen3.5's MTP model on a treewy checkpoint's MTP head, each
+stock one doing what vLLM's does with the tensors a tree touches. What each name means in vLLM is checked by
+``vllm_names``, not here."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import types
@@ -74,6 +78,19 @@ class FlashAttentionMetadata:
     block_table: torch.Tensor
 
 
+@dataclasses.dataclass
+class CommonAttentionMetadata:
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    num_actual_tokens: int
+    max_query_len: int
+    block_table_tensor: torch.Tensor
+    slot_mapping: torch.Tensor
+
+    def batch_size(self) -> int:
+        return self.query_start_loc.shape[0] - 1
+
+
 class FlashAttentionBackend:
     @staticmethod
     def get_name() -> str:
@@ -119,9 +136,11 @@ class StandIn:
         self.gdn = types.ModuleType(A.GDN_MODULE)
         self.custom_op = types.ModuleType(A.CUSTOM_OP_MODULE)
         setattr(self.custom_op, A.OOT_REGISTRY, self.registry)
+        self.slot_mapping: dict = {}
         self.forward_context = types.ModuleType(A.FORWARD_CONTEXT_MODULE)
         setattr(self.forward_context, A.GET_FORWARD_CONTEXT,
-                lambda: types.SimpleNamespace(**{A.ATTN_METADATA: self.metadata}))
+                lambda: types.SimpleNamespace(**{A.ATTN_METADATA: self.metadata, "slot_mapping": self.slot_mapping}))
+        setattr(self.forward_context, A.SET_FORWARD_CONTEXT, self._set_forward_context)
         self.kv = types.ModuleType(A.KV_CACHE_MODULE)
         setattr(self.kv, A.MAMBA_SPEC, MambaSpec)
         setattr(self.gdn, A.SPEC_UPDATE, lambda **kw: (self.stock_calls.append(kw), ("stock", None))[1])
@@ -139,6 +158,9 @@ class StandIn:
         setattr(self.flash, A.FLASH_IMPL, self._flash_impl_class())
         self.ngram = types.ModuleType(A.NGRAM_MODULE)
         setattr(self.ngram, A.NGRAM_PROPOSER, self._ngram_class())
+        self.propose_calls: list[int] = []
+        self.proposer = types.ModuleType(A.PROPOSER_MODULE)
+        setattr(self.proposer, A.PROPOSER, self._proposer_class())
         self.model_modules: dict[str, types.ModuleType] = {}
         for module, name in A.MODEL_CLASSES[line]:
             setattr(self.model_modules.setdefault(module, types.ModuleType(module)), name, self._model_class())
@@ -269,6 +291,62 @@ class StandIn:
 
         return NgramProposer
 
+    @contextlib.contextmanager
+    def _set_forward_context(self, attn_metadata, vllm_config, num_tokens=None, slot_mapping=None):
+        """vLLM's: the layers' metadata and slot mappings for one forward (a dict each)."""
+        saved = self.metadata, self.slot_mapping
+        self.metadata, self.slot_mapping = attn_metadata, slot_mapping
+        try:
+            yield
+        finally:
+            self.metadata, self.slot_mapping = saved
+
+    def _proposer_class(self):
+        stand_in = self
+
+        class SpecDecodeBaseProposer:
+            def __init__(self, model, layer_names, num_speculative_tokens: int):
+                self.model, self._draft_attn_layer_names = model, set(layer_names)
+                self.vllm_config, self.uses_mrope, self.num_speculative_tokens = None, False, num_speculative_tokens
+
+            def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                        next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
+                        mm_embed_inputs=None, num_rejected_tokens_gpu=None, slot_mappings=None):
+                """vLLM's first pass (``set_inputs_first_pass``'s default path: each row's token becomes the next
+                row's, each request's next token goes to its sampled row; the target's positions and hidden states;
+                the drafter's K/V written at the target's slot mapping under FlashAttention's causal metadata), then
+                no draft or one: the argmax at each sampled row (``_sample_draft_tokens``). vLLM's chain loop for
+                more drafts is not stood in."""
+                stand_in.propose_calls.append(num_speculative_tokens)
+                self.num_speculative_tokens = num_speculative_tokens
+                if num_speculative_tokens > 1:
+                    raise NotImplementedError("the stand-in proposer runs vLLM's first pass and at most one draft")
+                cad = common_attn_metadata
+                tis = (cad.query_start_loc[1:] - 1 if token_indices_to_sample is None
+                       else token_indices_to_sample).long()
+                ids = torch.cat([target_token_ids[1:], target_token_ids[-1:]])
+                ids[tis] = next_token_ids.to(ids.dtype)
+                md = FlashAttentionMetadata(cad.num_actual_tokens, cad.max_query_len, cad.query_start_loc,
+                                            cad.seq_lens, cad.block_table_tensor)
+                names = self._draft_attn_layer_names
+                with stand_in._set_forward_context({n: md for n in names}, self.vllm_config, ids.shape[0],
+                                                   {n: cad.slot_mapping for n in names}):
+                    hidden = self.model(input_ids=ids, positions=target_positions, hidden_states=target_hidden_states)
+                if num_speculative_tokens == 0:
+                    return torch.empty(tis.shape[0], 0, dtype=torch.long)
+                tokens, _ = self._sample_draft_tokens(hidden[tis], sampling_metadata)
+                return tokens.view(-1, 1)
+
+            def _sample_draft_tokens(self, hidden_states, sampling_metadata):
+                return self.model.compute_logits(hidden_states).argmax(-1), None
+
+        return SpecDecodeBaseProposer
+
+    def mtp_model(self, model, layer_name: str, impl, kv_cache) -> MTPModel:
+        """The drafter's model on ``model``'s MTP head, its one attention layer ``layer_name`` with this impl and
+        FlashAttention cache."""
+        return MTPModel(model, Attention(self, layer_name, impl, kv_cache))
+
     def _model_class(self):
         stand_in = self
 
@@ -284,16 +362,70 @@ class StandIn:
         return Model
 
     scheduled = staticmethod(Scheduled)
+    common_metadata = staticmethod(CommonAttentionMetadata)
     sampling_metadata = staticmethod(SamplingMetadata)
     flash_metadata = staticmethod(FlashAttentionMetadata)
     flash_kv_cache = staticmethod(flash_kv_cache)
 
     def install(self, monkeypatch) -> StandIn:
         for mod in (self.gdn, self.custom_op, self.forward_context, self.kv, self.sampler, self.outputs, self.runner,
-                    self.flash, self.ngram, *self.model_modules.values()):
+                    self.flash, self.ngram, self.proposer, *self.model_modules.values()):
             monkeypatch.setitem(sys.modules, mod.__name__, mod)
         monkeypatch.setattr(A, "installed_version", lambda: f"{self.line}.0")
         return self
+
+
+class Attention:
+    """vLLM's attention layer: the K/V of its tokens written at the forward context's slot mapping for the layer (no
+    entry: nothing written; negative slots skipped), then its impl's forward with the layer's metadata."""
+
+    def __init__(self, stand_in: StandIn, layer_name: str, impl, kv_cache: torch.Tensor):
+        self.stand_in, self.layer_name, self.impl, self.kv_cache = stand_in, layer_name, impl, kv_cache
+
+    def __call__(self, q, k, v):
+        slots = self.stand_in.slot_mapping.get(self.layer_name)
+        if slots is not None:
+            k_cache, v_cache = self.kv_cache.transpose(1, 2).split(self.impl.head_size, dim=-1)
+            keep = slots >= 0
+            s, bs = slots[keep].long(), k_cache.shape[1]
+            k_cache[s // bs, s % bs], v_cache[s // bs, s % bs] = k[keep].to(k_cache.dtype), v[keep].to(v_cache.dtype)
+        out = torch.empty_like(q)
+        self.impl.forward(self, q, k, v, self.kv_cache, self.stand_in.metadata[self.layer_name], out)
+        return out
+
+
+class MTPModel:
+    """Qwen3.5's MTP model as vLLM's proposer calls it: forward(input_ids [n], positions [n], hidden_states [n, H])
+    -> [n, H] after the module's norm, and compute_logits; here a treewy checkpoint's MTP head (``mtp_forward``'s
+    arithmetic), its attention through ``Attention`` on the drafter's paged cache."""
+
+    def __init__(self, model, attn: Attention):
+        from treewy.models.mtp import mtp_of
+        from treewy.models.spec import spec_of
+        self.spec, self.mtp, self.attn = spec_of(model), mtp_of(model), attn
+
+    def __call__(self, input_ids, positions, hidden_states, inputs_embeds=None):
+        from treewy.models.layers import mlp
+        spec, mtp = self.spec, self.mtp
+        e = mtp.pre_fc_norm_embedding(spec.embed(input_ids.long()[None]))
+        x = mtp.fc(torch.cat([e, mtp.pre_fc_norm_hidden(hidden_states[None].to(e.dtype))], dim=-1))
+        dec = mtp.layers[0]
+        x = x + self._attention(dec.self_attn, dec.input_layernorm(x), positions.long())
+        x = x + mlp(dec, dec.post_attention_layernorm(x))
+        return mtp.norm(x)[0]
+
+    def _attention(self, attn, x, positions):
+        from treewy.models.layers import _apply_rope, rope
+        n, D = x.shape[1], attn.head_dim
+        cos, sin = rope(self.spec, x, positions[None])
+        q, gate = torch.chunk(attn.q_proj(x).view(1, n, -1, 2 * D), 2, dim=-1)
+        q = _apply_rope(attn.q_norm(q).transpose(1, 2), cos, sin)[0].transpose(0, 1)          # [n, Hq, D]
+        k = _apply_rope(attn.k_norm(attn.k_proj(x).view(1, n, -1, D)).transpose(1, 2), cos, sin)[0].transpose(0, 1)
+        o = self.attn(q.contiguous(), k.contiguous(), attn.v_proj(x).view(n, -1, D))
+        return attn.o_proj(o.reshape(1, n, -1) * torch.sigmoid(gate.reshape(1, n, -1)))
+
+    def compute_logits(self, hidden_states):
+        return self.spec.lm_head(hidden_states)
 
 
 def vllm_config(*, tp=1, num_k_heads=2, num_v_heads=4, head_dim=8, num_spec=3, cache_mode=A.NO_MAMBA_CACHE):

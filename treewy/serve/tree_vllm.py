@@ -39,7 +39,8 @@ from treewy.serve.tree_plugin import (
     TreeServing, compact_tree_kv, ngram_tree_drafts, store_all_tree_update, tree_attention_spec, tree_conv,
     tree_from_env, tree_positions, tree_rejection_sample, tree_spec_update,
 )
-from treewy.serve.tree_spec import TreeLayout
+from treewy.serve.tree_mtp import TreePasses, mtp_tree_passes
+from treewy.serve.tree_spec import TreeAcceptance, TreeLayout
 
 #: What a served tree still needs from vLLM, which ``install`` does not wire yet, per drafter (a drafter absent here
 #: lacks nothing: the n-gram tree is installed).
@@ -69,12 +70,22 @@ class _Runtime:
         self.last_accepted: torch.Tensor | None = None   # int64 [B]: the sampler's accepted node per request
         self.windows: _Windows | None = None             # this step's full windows (``_prepare_inputs``)
         self.last_windows: tuple | None = None           # (rows, TreeAcceptance): what the compaction moves
+        self.drafter_windows: tuple | None = None        # the same, for the MTP drafter's first pass
+        self.drafting = False                            # inside the MTP drafter's propose
+        self.first_pass: list | None = None              # the first pass's root outputs, while propose runs it
+        self._passes: dict[torch.device, TreePasses] = {}
 
     def serving(self, device) -> TreeServing:
         device = torch.device(device)
         if device not in self._serving:
             self._serving[device] = TreeServing(self.widths, self.mode, 2, device, self.rates)
         return self._serving[device]
+
+    def passes(self, device) -> TreePasses:
+        device = torch.device(device)
+        if device not in self._passes:
+            self._passes[device] = TreePasses(self.serving(device).layout)
+        return self._passes[device]
 
 
 RUNTIME: _Runtime | None = None
@@ -116,7 +127,9 @@ def install(mode: str, *, active_pools=lambda: None, environ=os.environ) -> None
     for cls, name, wrap in ((runner, adapter.PREPARE_INPUTS, _prepare_inputs), (runner, adapter.AFTER_SAMPLE,
                                                                                  _after_sample),
                             (adapter.flash_impl_class(), adapter.ATTN_FORWARD, _attention_forward),
-                            (adapter.ngram_proposer_class(), adapter.NGRAM_PROPOSE, lambda stock: _ngram_propose)):
+                            (adapter.ngram_proposer_class(), adapter.NGRAM_PROPOSE, lambda stock: _ngram_propose),
+                            (adapter.proposer_class(), adapter.PROPOSE, _mtp_propose),
+                            (adapter.proposer_class(), adapter.SAMPLE_DRAFT, _first_pass_sample)):
         _replace(lambda c, n=name: c.__dict__[n], lambda c, f, n=name: setattr(c, n, f), cls, wrap(cls.__dict__[name]))
 
 
@@ -286,6 +299,7 @@ def _after_sample(stock):
         accepted, RUNTIME.last_accepted = RUNTIME.last_accepted, None
         windows, RUNTIME.windows = RUNTIME.windows, None        # the drafter's passes are no tree windows
         moved, RUNTIME.last_windows = RUNTIME.last_windows, None
+        RUNTIME.drafter_windows = moved        # the MTP drafter's first pass enters the accepted paths
         if accepted is None:
             return
         if adapter.uses_async_spec_decode(self):
@@ -332,13 +346,19 @@ def tree_window_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 def _attention_forward(stock):
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
         head, scale, decoder = adapter.impl_dims(self)
-        if RUNTIME is None or attn_metadata is None or not decoder:
+        if RUNTIME is not None and isinstance(attn_metadata, DraftPass):   # an MTP tree pass
+            k_cache, v_cache = adapter.split_kv_cache(kv_cache, head)
+            o = draft_pass_attention(query, key, value, k_cache, v_cache, attn_metadata, scale)
+            output[: o.shape[0]] = o.to(output.dtype)
+            return output
+        if RUNTIME is None or attn_metadata is None or not decoder or RUNTIME.drafting:
+            # the MTP drafter's first pass is vLLM's causal attention over the accepted path
             return stock(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
         n, max_q, qsl, seq_lens, table = adapter.flash_windows(attn_metadata)
         layout, windows = RUNTIME.serving(query.device).layout, RUNTIME.windows
         T = layout.num_nodes
         if windows is None:
-            # no step of the runner's (a capture's dummy batch, a drafter pass): windows by the batch's shape
+            # no step of the runner's (a capture's dummy batch): windows by the batch's shape
             if not (max_q == T and n == (qsl.shape[0] - 1) * T):
                 return stock(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
             rows = None
@@ -373,3 +393,130 @@ def _ngram_propose(self, num_speculative_tokens, sampled_token_ids, num_tokens_n
         for i, d in zip(rows, ngram_tree_drafts(contexts, layout, max_n).tolist()):
             out[i] = d
     return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The MTP drafter
+# ------------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DraftPass:
+    """The attention metadata of one MTP tree pass, which its forward context gives every drafter layer: each
+    request's root entry (``root`` int [B]: its index in the drafter's cache, the last of the prefix a pass attends
+    to), the drafter's block table (``table`` [B, blocks]) and the pass's ancestor mask among its n nodes (``mask``
+    [n, n])."""
+    root: torch.Tensor
+    table: torch.Tensor
+    mask: torch.Tensor
+
+
+def draft_pass_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, md: DraftPass, scale: float) -> torch.Tensor:
+    """o [B * n, Hq, D] (fp32): each pass node's attention over its request's drafter cache up to the root entry
+    (all of it visible) and over the pass's own K/V (key, value [B * n, Hkv, D], request-major) under the ancestor
+    mask: one softmax, its two parts merged by log-sum-exp. The cache part is the tree attention op with every node
+    a one-node window whose own token is the root entry (prefix = root): the op reads a window's K/V from the cache,
+    and a pass's K/V are never written there (vLLM's slots past the root belong to the next verify window)."""
+    from treewy.ops.attention.naive import merge_attention_states
+    B, n = md.root.shape[0], md.mask.shape[0]
+    dev, Hq, Hkv = query.device, query.shape[1], key.shape[1]
+    q = query[: B * n]
+    req = torch.arange(B, device=dev).repeat_interleave(n)
+    table, prefix = md.table[req], md.root[req]
+    cu = torch.arange(B * n + 1, dtype=torch.int32, device=dev)
+    roots = torch.full((B * n,), -1, dtype=torch.int32, device=dev)
+    if q.is_cuda:
+        from treewy.ops.attention.kernel import tree_attention
+        o_c, lse_c = tree_attention(q, k_cache, v_cache, table.to(torch.int32), prefix.to(torch.int32), cu, roots,
+                                    scale, max_nodes=1, return_lse=True, check_values=False)
+    else:
+        from treewy.ops.attention.naive import naive_tree_attention
+        o_c, lse_c = naive_tree_attention(q, k_cache, v_cache, table, prefix, cu, roots, scale, return_lse=True)
+    qw = q.float().reshape(B, n, Hq, -1)
+    kw, vw = (x[: B * n].float().reshape(B, n, Hkv, -1).repeat_interleave(Hq // Hkv, dim=2) for x in (key, value))
+    s = torch.einsum("bihd,bjhd->bhij", qw, kw) * scale
+    s = s.masked_fill(~md.mask[None, None], float("-inf"))
+    lse_w = torch.logsumexp(s, -1)                                  # [B, Hq, n], finite: a node sees itself
+    o_w = torch.einsum("bhij,bjhd->bihd", (s - lse_w[..., None]).exp(), vw)
+    o, _ = merge_attention_states(o_c.float(), lse_c.float(), o_w.reshape(B * n, Hq, -1),
+                                  lse_w.transpose(1, 2).reshape(B * n, Hq))
+    return o
+
+
+def accepted_first(num_tokens: int, starts: torch.Tensor, acc: TreeAcceptance) -> torch.Tensor:
+    """int64 [num_tokens]: the gather that puts each window's accepted path first (row start + j takes row
+    start + path[j], j < length; every other row stays), so vLLM's first pass, which enters a window's rows in order
+    (each row's hidden state with the next row's token, the bonus after the last accepted), enters root..accepted.
+    starts int [R]: the windows' first rows."""
+    idx = torch.arange(num_tokens, device=starts.device)
+    j = torch.arange(acc.path.shape[1], device=starts.device)[None]
+    dst = starts.long()[:, None] + j
+    idx[dst] = torch.where(j < acc.length[:, None], starts.long()[:, None] + acc.path.clamp(min=0), dst)
+    return idx
+
+
+def _first_pass_sample(stock):
+    def sample_draft_tokens(self, hidden_states, sampling_metadata):
+        """While the tree's propose runs vLLM's first pass: keep its input, the root entries' MTP outputs [B, H]
+        (the tree's top-w come from them), and skip the argmax."""
+        if RUNTIME is None or RUNTIME.first_pass is None:
+            return stock(self, hidden_states, sampling_metadata)
+        RUNTIME.first_pass.append(hidden_states)
+        return torch.zeros(hidden_states.shape[0], dtype=torch.long, device=hidden_states.device), None
+    return sample_draft_tokens
+
+
+def _mtp_propose(stock):
+    def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata, mm_embed_inputs=None,
+                num_rejected_tokens_gpu=None, slot_mappings=None):
+        """SpecDecodeBaseProposer.propose for a served MTP tree: vLLM's first pass (propose itself with one draft
+        token, on the inputs with each window's accepted path first: ``accepted_first``), then ``mtp_tree_passes``
+        from the root entries' outputs; draft_token_ids [B, N] int64, DFS order. A pass is the drafter's model
+        forward with ``DraftPass`` as every drafter layer's metadata (its attention: ``draft_pass_attention``) and
+        no slot mapping: no draft K/V enters vLLM's cache."""
+        moved, RUNTIME.drafter_windows = RUNTIME.drafter_windows, None
+        args = (mm_embed_inputs, num_rejected_tokens_gpu, slot_mappings)
+        dev = target_hidden_states.device
+        N = RUNTIME.serving(dev).num_drafts
+        if num_speculative_tokens == 0:   # vLLM's first pass alone (its drafter KV kept in step), no drafts
+            return stock(self, 0, target_token_ids, target_positions, target_hidden_states, next_token_ids,
+                         token_indices_to_sample, common_attn_metadata, sampling_metadata, *args)
+        if num_speculative_tokens != N:
+            raise ValueError(f"num_speculative_tokens = {num_speculative_tokens}: a served tree drafts its N = {N} "
+                             "nodes every step (treewy serve --tree sets num_speculative_tokens to N)")
+        qsl, table = adapter.common_windows(common_attn_metadata)
+        if moved is not None:
+            if token_indices_to_sample is None:
+                raise ValueError("the MTP tree drafter needs vLLM's padded drafter batch (the default): serve "
+                                 "without disable_padded_drafter_batch in --speculative-config")
+            rows, acc = moved
+            idx = accepted_first(target_token_ids.shape[0], qsl[rows], acc)
+            target_token_ids, target_hidden_states = target_token_ids[idx], target_hidden_states[idx]
+            target_positions = target_positions[..., idx]
+        elif token_indices_to_sample is None:   # what vLLM's first pass samples then: each request's last row
+            token_indices_to_sample = qsl[1:] - 1
+        RUNTIME.drafting, RUNTIME.first_pass = True, []
+        try:
+            stock(self, 1, target_token_ids, target_positions, target_hidden_states, next_token_ids,
+                  token_indices_to_sample, common_attn_metadata, sampling_metadata, *args)
+            root_out = RUNTIME.first_pass[-1]
+            RUNTIME.first_pass = None
+            pos = target_positions[0] if target_positions.ndim == 2 else target_positions
+            root_pos = pos[token_indices_to_sample.long()].long()
+            mrope = adapter.proposer_uses_mrope(self)
+
+            def entry(tokens, hidden, positions, mask):
+                B, n = tokens.shape
+                p = positions.reshape(-1)
+                p = p[None].expand(3, -1).contiguous() if mrope else p
+                out = adapter.draft_forward(self, tokens.reshape(-1).to(torch.int32), p, hidden.reshape(B * n, -1),
+                                            DraftPass(root_pos, table, mask))
+                return out.reshape(B, n, -1)
+
+            return mtp_tree_passes(entry, lambda h: adapter.draft_logits(self, h), root_out, next_token_ids.long(),
+                                   root_pos, RUNTIME.passes(dev))
+        finally:
+            RUNTIME.drafting, RUNTIME.first_pass = False, None
+            adapter.set_proposer_num_spec(self, num_speculative_tokens)   # the first pass recorded 1
+    return propose

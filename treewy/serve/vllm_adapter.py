@@ -398,3 +398,61 @@ def flash_kv_caches(runner, num_reqs: int) -> list:
 
 def runner_input_ids(runner):
     return getattr(getattr(runner, RUNNER_INPUT_IDS), BUFFER_GPU)
+
+#: The MTP drafter (``"method": "mtp"`` builds an EagleProposer, a SpecDecodeBaseProposer): its propose, which a
+#: served MTP tree replaces (called by the runner with these arguments, in this order), and the first pass's draft
+#: sampling, whose input is each request's root MTP output; what the tree passes read off the proposer: the draft
+#: model, the config a forward context takes, the drafter's attention layers, whether its positions are M-RoPE's rows.
+PROPOSER_MODULE, PROPOSER, PROPOSE = "vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer", "propose"
+PROPOSE_PARAMS = ("self", "num_speculative_tokens", "target_token_ids", "target_positions", "target_hidden_states",
+                  "next_token_ids", "token_indices_to_sample", "common_attn_metadata", "sampling_metadata",
+                  "mm_embed_inputs", "num_rejected_tokens_gpu", "slot_mappings")
+SAMPLE_DRAFT, SAMPLE_DRAFT_PARAMS = "_sample_draft_tokens", ("self", "hidden_states", "sampling_metadata")
+PROPOSER_MODEL, PROPOSER_CONFIG, PROPOSER_LAYERS, PROPOSER_MROPE, PROPOSER_NUM_SPEC = (
+    "model", "vllm_config", "_draft_attn_layer_names", "uses_mrope", "num_speculative_tokens")
+#: The CommonAttentionMetadata the runner hands the drafter: its requests' packed starts and block table (the
+#: drafter's KV-cache group's, the one FlashAttention's metadata holds).
+COMMON_MD_MODULE, COMMON_MD = "vllm.v1.attention.backend", "CommonAttentionMetadata"
+CM_QUERY_START, CM_BLOCK_TABLE = "query_start_loc", "block_table_tensor"
+#: The forward context a drafter pass runs in (vLLM's chain loop enters it around every pass), by keyword.
+SET_FORWARD_CONTEXT = "set_forward_context"
+SET_FORWARD_CONTEXT_PARAMS = ("attn_metadata", "vllm_config", "num_tokens", "slot_mapping")
+#: The MTP models' forward (vLLM's chain loop calls it with these keywords) and logits.
+MTP_MODELS = (("vllm.model_executor.models.qwen3_5_mtp", "Qwen3_5MTP"),
+              ("vllm.model_executor.models.qwen3_next_mtp", "Qwen3NextMTP"))
+MTP_FORWARD, MTP_FORWARD_PARAMS = "forward", ("self", "input_ids", "positions", "hidden_states")
+COMPUTE_LOGITS, COMPUTE_LOGITS_PARAMS = "compute_logits", ("self", "hidden_states")
+
+
+def proposer_class():
+    return getattr(importlib.import_module(PROPOSER_MODULE), PROPOSER)
+
+
+def common_windows(common_attn_metadata) -> tuple:
+    """(query_start_loc [B + 1], block_table_tensor [B, blocks]) of a CommonAttentionMetadata (device tensors)."""
+    return getattr(common_attn_metadata, CM_QUERY_START), getattr(common_attn_metadata, CM_BLOCK_TABLE)
+
+
+def proposer_uses_mrope(proposer) -> bool:
+    return bool(getattr(proposer, PROPOSER_MROPE))
+
+
+def set_proposer_num_spec(proposer, k: int) -> None:
+    """What propose records of its call (``self.num_speculative_tokens = num_speculative_tokens``)."""
+    setattr(proposer, PROPOSER_NUM_SPEC, k)
+
+
+def draft_forward(proposer, input_ids, positions, hidden_states, attn_metadata):
+    """One eager forward of the drafter's model, as vLLM's chain loop calls it, inside a forward context that gives
+    every drafter attention layer ``attn_metadata`` and no slot mapping (so no layer writes K/V into its cache)."""
+    context = getattr(importlib.import_module(FORWARD_CONTEXT_MODULE), SET_FORWARD_CONTEXT)
+    layers = getattr(proposer, PROPOSER_LAYERS)
+    args = ({name: attn_metadata for name in layers}, getattr(proposer, PROPOSER_CONFIG), input_ids.shape[0], {})
+    with context(**dict(zip(SET_FORWARD_CONTEXT_PARAMS, args))):
+        return getattr(proposer, PROPOSER_MODEL)(**dict(zip(MTP_FORWARD_PARAMS[1:],
+                                                                (input_ids, positions, hidden_states))))
+
+
+def draft_logits(proposer, hidden_states):
+    """The drafter's logits [n, V] of MTP outputs [n, H] (its model's compute_logits, the shared lm_head)."""
+    return getattr(getattr(proposer, PROPOSER_MODEL), COMPUTE_LOGITS)(hidden_states)

@@ -110,6 +110,15 @@ TREE_NAMES: tuple[Name, ...] = (
     Name(A.NGRAM_MODULE, f"{A.NGRAM_PROPOSER}.{A.NGRAM_PROPOSE}", A.NGRAM_PROPOSE_PARAMS),
     *(Name(A.NGRAM_MODULE, f"{A.NGRAM_PROPOSER}.{attr}", kind="instance") for attr in (
         A.NGRAM_MAX_N, A.NGRAM_MAX_MODEL_LEN)),
+    # the MTP drafter: propose replaced, its first pass's draft sampling read, what the tree passes call
+    Name(A.PROPOSER_MODULE, f"{A.PROPOSER}.{A.PROPOSE}", A.PROPOSE_PARAMS),
+    Name(A.PROPOSER_MODULE, f"{A.PROPOSER}.{A.SAMPLE_DRAFT}", A.SAMPLE_DRAFT_PARAMS),
+    *(Name(A.PROPOSER_MODULE, f"{A.PROPOSER}.{attr}", kind="instance") for attr in (
+        A.PROPOSER_MODEL, A.PROPOSER_CONFIG, A.PROPOSER_LAYERS, A.PROPOSER_MROPE, A.PROPOSER_NUM_SPEC)),
+    *(Name(A.COMMON_MD_MODULE, f"{A.COMMON_MD}.{f}", kind="field") for f in (A.CM_QUERY_START, A.CM_BLOCK_TABLE)),
+    Name(A.FORWARD_CONTEXT_MODULE, A.SET_FORWARD_CONTEXT, A.SET_FORWARD_CONTEXT_PARAMS),
+    *(Name(m, f"{c}.{meth}", params) for m, c in A.MTP_MODELS for meth, params in (
+        (A.MTP_FORWARD, A.MTP_FORWARD_PARAMS), (A.COMPUTE_LOGITS, A.COMPUTE_LOGITS_PARAMS))),
 )
 
 
@@ -144,6 +153,13 @@ FLAGS: dict[str, tuple[str, ...]] = {
     # the backend name tree_vllm's compaction picks layers by, and AttentionType.DECODER's value
     A.FLASH_MODULE.replace(".", "/") + ".py": (f'return "{A.FLASH_BACKEND_NAME}"',),
     "vllm/v1/attention/backend.py": (f'DECODER = "{A.DECODER_ATTN}"',),
+}
+
+#: Source text the tree hooks rely on, checked for the lines in ``vllm_adapter.TREE_LINES``: a layer the forward
+#: context gives no slot mapping writes no K/V (the MTP tree passes run so).
+TREE_FLAGS: dict[str, tuple[str, ...]] = {
+    "vllm/model_executor/layers/attention/attention.py": ("layer_slot_mapping = slot_mapping.get(layer_name)",
+                                                          "if layer_slot_mapping is not None:"),
 }
 
 
@@ -271,7 +287,8 @@ def _source_instance_attr(root: Path, module: str, cls: str, attr: str, depth: i
 
 
 def check_source(root: str | Path, line: str = "0.33") -> list[str]:
-    """Check ``names_for(line)`` and FLAGS against vLLM's source tree (the folder holding ``vllm/``)."""
+    """Check ``names_for(line)`` and FLAGS (and TREE_FLAGS for a tree line) against vLLM's source tree (the folder
+    holding ``vllm/``)."""
     root = Path(root)
     problems = []
     for n in names_for(line):
@@ -294,7 +311,7 @@ def check_source(root: str | Path, line: str = "0.33") -> list[str]:
             msg = _check_params(n, got)
             if msg:
                 problems.append(msg)
-    for rel, needles in FLAGS.items():
+    for rel, needles in {**FLAGS, **(TREE_FLAGS if line in A.TREE_LINES else {})}.items():
         path = root / rel
         if not path.is_file():
             problems.append(f"{rel}: no source file")
