@@ -90,34 +90,6 @@ def test_bad_input_names_the_argument(call, match):
         call()
 
 
-@pytest.mark.parametrize("mode", ["store_all", "reconstruct"])
-def test_the_plugin_refuses_an_mtp_tree_while_its_passes_are_missing(monkeypatch, mode):
-    from treewy.serve import plugin, tree_vllm
-    monkeypatch.setenv("TREEWY_TREE", "2,2,1")
-    monkeypatch.setenv("TREEWY_MODE", mode)
-    monkeypatch.setenv("TREEWY_TREE_DRAFTER", "mtp")
-    monkeypatch.setattr(tree_vllm, "MISSING", {"mtp": ("the MTP proposer's tree passes (stand-in)",)})
-    with pytest.raises(NotImplementedError, match=r"TREEWY_TREE=2,2,1 with the mtp drafter: vLLM cannot serve the "
-                       r"tree yet: not installed: the MTP proposer's tree passes \(stand-in\) .*drop --tree\) or "
-                       r"draft it with n-grams \(--drafter ngram\)$"):
-        plugin.register()
-    if mode == "store_all":
-        monkeypatch.delenv("TREEWY_TREE")
-        plugin.register()   # store_all without a tree: inert, as before
-
-
-def test_an_ngram_tree_is_not_refused_for_the_mtp_passes(monkeypatch):
-    """refuse_incomplete refuses only what the chosen drafter lacks: the n-gram tree is installed."""
-    from treewy.serve import tree_vllm
-    monkeypatch.setattr(tree_vllm, "MISSING", {"mtp": ("the MTP proposer's tree passes",)})
-    tree_vllm.refuse_incomplete(((2, 2, 1), None), "ngram")
-    with pytest.raises(NotImplementedError, match="with the mtp drafter"):
-        tree_vllm.refuse_incomplete(((2, 2, 1), None), "mtp")
-    monkeypatch.setattr(tree_vllm, "MISSING", {"mtp": ("x",), "ngram": ("y",)})   # no n-gram advice then
-    with pytest.raises(NotImplementedError, match=r"not installed: x .*drop --tree\)$"):
-        tree_vllm.refuse_incomplete(((2,), None), "mtp")
-
-
 @pytest.mark.parametrize("environ,match", [
     ({"TREEWY_TREE": "2,2"}, r"TREEWY_TREE_DRAFTER is unset: expected one of mtp, ngram beside TREEWY_TREE"),
     ({"TREEWY_TREE": "2,2", "TREEWY_TREE_DRAFTER": "eagle"}, r"TREEWY_TREE_DRAFTER is 'eagle': expected one of"),
@@ -237,21 +209,22 @@ def test_installed_hooks_get_vllms_tensors_and_uninstall_restores_vllm(stand_in,
 
 @pytest.mark.parametrize("mode", ["store_all", "reconstruct"])
 @pytest.mark.parametrize("drafter", ["ngram", "mtp"])
-def test_register_installs_the_tree_hooks_once_nothing_is_missing(stand_in, monkeypatch, mode, drafter):
-    """With nothing MISSING for the drafter (n-grams: as installed; MTP: MISSING emptied), register() installs
-    tree_vllm's hooks in either mode and, in reconstruct, leaves vLLM's spec kernel to tree_vllm's route (not the
-    chain wrap), which reads the running TreeWY layer's pools."""
+def test_register_installs_the_tree_hooks(stand_in, monkeypatch, mode, drafter):
+    """An MTP or n-gram tree is served: register() installs tree_vllm's hooks (both drafters' among them) in either
+    mode and, in reconstruct, leaves vLLM's spec kernel to tree_vllm's route (not the chain wrap), which reads the
+    running TreeWY layer's pools."""
     from treewy.serve import plugin, tree_vllm
     from treewy.serve import vllm_adapter as A
-    if drafter == "mtp":
-        monkeypatch.setattr(tree_vllm, "MISSING", {})
     monkeypatch.setenv("TREEWY_TREE", "2,2")
     monkeypatch.setenv("TREEWY_TREE_DRAFTER", drafter)
     monkeypatch.setenv("TREEWY_MODE", mode)
     stock_spec = getattr(stand_in.gdn, A.SPEC_UPDATE)
+    proposer = getattr(stand_in.proposer, A.PROPOSER)
+    stock_drafter = {proposer.propose, proposer._sample_draft_tokens}
     plugin.register()
     assert tree_vllm.RUNTIME.mode == mode and tree_vllm.RUNTIME.widths == (2, 2)
     assert len(tree_vllm.installed()) == 9 and stock_spec in tree_vllm.installed()
+    assert stock_drafter <= set(tree_vllm.installed())
     assert not getattr(getattr(stand_in.gdn, A.SPEC_UPDATE), plugin._PATCHED, False)
     assert (A.GDN_LAYER in stand_in.registry) == (mode == "reconstruct")
     seen = {}
@@ -444,7 +417,15 @@ def test_installed_mtp_proposer_drafts_what_mtp_drafter_drafts(tiny, stand_in, w
                   window.reshape(B * T, -1), out.sampled_token_ids[:, -1], qsl[1:] - 1 - rejected, qsl, lens + T,
                   [n + torch.arange(T) for n in lens.tolist()], rejected)
     assert torch.equal(got, ref.propose(layout.tree)[:, 1:])
-    assert stand_in.propose_calls == [1, 1]   # vLLM's own first pass each time; the tree passes drafted the rest
+    # vLLM's own first pass each time, writing the drafter's K/V at its rows; the tree passes drafted the rest and
+    # wrote none
+    assert stand_in.propose_calls == [1, 1] and stand_in.kv_writes == [int(lens.sum()), B * T]
+    with pytest.raises(ValueError, match=r"num_speculative_tokens = 2: a served tree drafts its N = \d+ nodes"):
+        proposer.propose(2, None, None, window, None, None, None, None)
+    tree_vllm.RUNTIME.drafter_windows = (torch.arange(B), None)
+    with pytest.raises(ValueError, match=r"needs vLLM's padded drafter batch .* disable_padded_drafter_batch"):
+        proposer.propose(T - 1, None, None, window, None, None, stand_in.common_metadata(qsl, None, 0, T, table, None),
+                         None)
 
 
 def test_mtp_tree_passes_name_bad_input():

@@ -159,6 +159,7 @@ class StandIn:
         self.ngram = types.ModuleType(A.NGRAM_MODULE)
         setattr(self.ngram, A.NGRAM_PROPOSER, self._ngram_class())
         self.propose_calls: list[int] = []
+        self.kv_writes: list[int] = []   # slots each drafter-layer K/V write filled
         self.proposer = types.ModuleType(A.PROPOSER_MODULE)
         setattr(self.proposer, A.PROPOSER, self._proposer_class())
         self.model_modules: dict[str, types.ModuleType] = {}
@@ -388,6 +389,7 @@ class Attention:
             k_cache, v_cache = self.kv_cache.transpose(1, 2).split(self.impl.head_size, dim=-1)
             keep = slots >= 0
             s, bs = slots[keep].long(), k_cache.shape[1]
+            self.stand_in.kv_writes.append(s.numel())
             k_cache[s // bs, s % bs], v_cache[s // bs, s % bs] = k[keep].to(k_cache.dtype), v[keep].to(v_cache.dtype)
         out = torch.empty_like(q)
         self.impl.forward(self, q, k, v, self.kv_cache, self.stand_in.metadata[self.layer_name], out)

@@ -16,9 +16,8 @@ reads goes through ``vllm_adapter``, one constant or function per name, which ``
    vLLM's conv state and recurrent state, then the stash of ``treewy.serve.reconstruct.stash_layout``.
 3. The model classes' ``get_mamba_state_{shape,dtype}_from_config`` return the same page, so vLLM
    plans its page padding for it.
-4. With a served tree (TREEWY_TREE, either mode) installs ``tree_vllm``'s hooks instead of step 5's wrap, once
-   ``tree_vllm.MISSING`` holds nothing for the tree's drafter (TREEWY_TREE_DRAFTER); until then it refuses the tree,
-   naming what is missing.
+4. With a served tree (TREEWY_TREE, either mode) installs ``tree_vllm``'s hooks instead of step 5's wrap: every
+   hook of the tree's step, both drafters' (TREEWY_TREE_DRAFTER: mtp or ngram, checked) included.
 5. Without one, wraps the layer module's spec-row kernel (``vllm_adapter.SPEC_UPDATE``): inside a TreeWY layer the
    spec rows run ``reconstruct.vllm_spec_update`` instead, with the same arguments (one launch, as store-all's:
    it reads the packed window and the raw gates, folds the pending commit into the verify and writes the
@@ -46,16 +45,14 @@ def enabled() -> bool:
 
 
 def requested_tree():
-    """The served tree (TREEWY_TREE, ``treewy serve --tree``) as (widths, rates), or None. It needs the hooks of
-    ``tree_plugin`` that its drafter (TREEWY_TREE_DRAFTER) uses inside vLLM: until ``tree_vllm`` installs them (its
-    ``MISSING`` holds nothing for the drafter) this refuses, naming what is missing, instead of letting vLLM verify
-    the tree's N DFS-ordered drafts as one chain."""
+    """The served tree (TREEWY_TREE, ``treewy serve --tree``) as (widths, rates), or None. Its drafter
+    (TREEWY_TREE_DRAFTER, set beside it by the launcher) must be one ``tree_vllm`` drafts trees with (mtp, ngram):
+    anything else is refused rather than letting vLLM verify the tree's N DFS-ordered drafts as one chain."""
     from treewy.serve.tree_plugin import tree_drafter_from_env, tree_from_env
 
     tree = tree_from_env()
     if tree is not None:
-        from treewy.serve.tree_vllm import refuse_incomplete
-        refuse_incomplete(tree, tree_drafter_from_env())
+        tree_drafter_from_env()
     return tree
 
 

@@ -17,13 +17,16 @@ vLLM's back. Installed so far, in the order of vLLM's step:
 6. after the sampler, the KV compaction of every FlashAttention layer (``compact_tree_kv``: the accepted path from
    num_computed + path[j] to num_computed + j, with its KV-cache group's block table), before the next step writes;
 7. the n-gram drafter: ``NgramProposer.propose`` drafts the tree on the host (``ngram_tree_drafts``), N tokens per
-   request in DFS order, -1 where nothing continues (the runner's input ids see 0 there; the sampler sees -1).
+   request in DFS order, -1 where nothing continues (the runner's input ids see 0 there; the sampler sees -1);
+8. the MTP drafter: ``SpecDecodeBaseProposer.propose`` runs vLLM's first pass with each window's accepted path
+   first (``accepted_first``; its ``_sample_draft_tokens`` hands over the root entries' MTP outputs), then
+   ``tree_mtp.mtp_tree_passes``, every pass the drafter's model forward with ``DraftPass`` metadata (its attention:
+   ``draft_pass_attention``, through the FlashAttention override) and no slot mapping, so no draft K/V is written.
 
 The previous window's commit happens in the next forward, inside the graph: the GDN state's pending fold (as for
 chains; reconstruct's ``meta`` says whether anything is pending), and the conv state's. vLLM's conv pool holds
 W - 1 + N columns per slot: after a window, columns 0..W - 2 hold the committed inputs advanced by the root (always
 accepted) and columns W - 1.. the inputs of nodes 1..N, so the next step's fold is one gather (``fold_tree_conv``).
-Not installed yet (``MISSING``, per drafter): the MTP proposer's tree passes; an n-gram tree lacks nothing.
 """
 
 from __future__ import annotations
@@ -41,12 +44,6 @@ from treewy.serve.tree_plugin import (
 )
 from treewy.serve.tree_mtp import TreePasses, mtp_tree_passes
 from treewy.serve.tree_spec import TreeAcceptance, TreeLayout
-
-#: What a served tree still needs from vLLM, which ``install`` does not wire yet, per drafter (a drafter absent here
-#: lacks nothing: the n-gram tree is installed).
-MISSING: dict[str, tuple[str, ...]] = {
-    "mtp": ("the MTP proposer's tree passes (tree_mtp.mtp_tree_passes in SpecDecodeBaseProposer.propose: the root "
-            "pass's top-w, then D - 1 passes over each depth's nodes with the tree mask in the drafter's attention)",)}
 
 _INSTALLED: list[tuple[object, object]] = []   # (restore function, vLLM's original), in install order
 
@@ -89,17 +86,6 @@ class _Runtime:
 
 
 RUNTIME: _Runtime | None = None
-
-
-def refuse_incomplete(tree, drafter: str) -> None:
-    """NotImplementedError naming what a tree drafted by ``drafter`` still lacks in vLLM (``MISSING[drafter]``), while
-    anything does."""
-    missing = MISSING.get(drafter, ())
-    if missing:
-        other = " or draft it with n-grams (--drafter ngram)" if not MISSING.get("ngram") else ""
-        raise NotImplementedError(f"TREEWY_TREE={','.join(map(str, tree[0]))} with the {drafter} drafter: vLLM cannot "
-                                  f"serve the tree yet: not installed: {'; '.join(missing)} (treewy/serve/README.md, "
-                                  f"'Trees in vLLM 0.26'); serve a chain (drop --tree){other}")
 
 
 def _replace(get, set_, owner, fn) -> None:
