@@ -1,6 +1,6 @@
-"""The tree hooks of ``tree_plugin`` installed into vLLM 0.26 (issue 30, step 1d): every vLLM name through
+"""The tree hooks of ``tree_plugin`` installed into vLLM 0.26 (issue 30, steps 1d to 1g): every vLLM name through
 ``vllm_adapter`` (checked per release by ``vllm_names``), every replaced function kept so that ``uninstall()`` puts
-vLLM's back. Installed so far, in the order of vLLM's step:
+vLLM's back. Installed, in the order of vLLM's step:
 
 1. positions: ``GPUModelRunner._prepare_inputs`` runs, then every full window's positions (and M-RoPE's three rows)
    become num_computed + depth (``tree_positions``); the slot mapping, built before, keeps num_computed + t;
