@@ -58,6 +58,7 @@ def test_sweep_writes_one_tidy_row_per_point_and_resumes(tmp_path, fake_env, cap
     assert len(warm) == df["warmup_requests"].sum() and len(sent) - len(warm) == df["completed"].sum()
     assert all(r["max_tokens"] == 16 and 51 <= r["prompt_len"] <= 76 for r in warm)
     assert (df["output_throughput"] > 0).all() and (df["p99_ttft_ms"] >= df["mean_ttft_ms"] * 0.5).all()
+    assert (df["median_tpot_ms"] > 0).all() and (df["median_tpot_ms"] != df["mean_tpot_ms"]).any()
     # the scraper saw the load: peaks, counters, acceptance = 1 + accepted / drafts (the fake emits 3.2)
     assert (df["peak_running"] >= 1).all() and (df["peak_kv_usage"] > 0).all() and (df["peak_kv_usage"] <= 1).all()
     assert df["preemptions"].is_not_null().all()

@@ -50,12 +50,13 @@ SERVING_SCHEMA: dict[str, pl.DataType] = {
     "eager_fallback_possible": pl.Boolean,  # True when max_num_seqs x (1 + k) tokens exceeds cudagraph_max_size
     "compilation_config": pl.String,  # the --compilation-config JSON the server got (null: none passed)
     "warmup_requests": pl.Int64,      # measured only: unmeasured requests sent before the point (warmup_bodies)
+    "median_tpot_ms": pl.Float64,     # the median request's time per output token (less moved by a few slow ones)
 }
 
 #: Columns added after the first tables were written: read as null from older files.
 LATE_COLUMNS = ("max_num_seqs", "weights", "acceptance_source", "acceptance_rates", "expected_tokens_per_step",
                 "measured_acceptance_rates", "acceptance_stderr", "acceptance_warning", "cudagraph_max_size",
-                "eager_fallback_possible", "compilation_config", "warmup_requests")
+                "eager_fallback_possible", "compilation_config", "warmup_requests", "median_tpot_ms")
 
 
 def serving_frame(rows: list[dict]) -> pl.DataFrame:

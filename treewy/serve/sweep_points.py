@@ -223,7 +223,8 @@ def row_from_result(cfg: SweepConfig, p: Point, result: dict, metrics) -> dict:
         "output_throughput": _float(result.get("output_throughput")),
         "request_throughput": _float(result.get("request_throughput")),
         "mean_ttft_ms": _float(result.get("mean_ttft_ms")), "p99_ttft_ms": _float(result.get("p99_ttft_ms")),
-        "mean_tpot_ms": _float(result.get("mean_tpot_ms")), "mean_e2el_ms": _float(result.get("mean_e2el_ms")),
+        "mean_tpot_ms": _float(result.get("mean_tpot_ms")), "median_tpot_ms": _float(result.get("median_tpot_ms")),
+        "mean_e2el_ms": _float(result.get("mean_e2el_ms")),
         "peak_kv_usage": metrics.peak_kv_usage, "peak_running": metrics.peak_running,
         "preemptions": metrics.preemptions,
         "acceptance_length": metrics.acceptance_length if metrics.acceptance_length is not None

@@ -232,6 +232,7 @@ def _row(res, *, kind, point, **labels) -> dict:
         "mean_ttft_ms": float(ttft.mean()) if ttft.size else None,
         "p99_ttft_ms": float(np.percentile(ttft, 99)) if ttft.size else None,
         "mean_tpot_ms": float(tpot.mean()) if tpot.size else None,
+        "median_tpot_ms": float(np.median(tpot)) if tpot.size else None,
         "mean_e2el_ms": float(e2el.mean()) if e2el.size else None,
         "peak_kv_usage": res.peak_blocks / res.num_blocks,
         "peak_running": res.peak_running,
