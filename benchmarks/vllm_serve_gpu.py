@@ -23,7 +23,9 @@ through ``treewy.serve.fp32_prefill`` (TREEWY_FP32_PREFILL=1).
 call, ``treewy bench-serve`` over the given concurrencies and workloads (by default the grid the simulator's
 committed predictions cover, ``treewy.sim.predict``: the three measured workloads, concurrency 1..256, closed loops
 of one wave, max(16, concurrency) requests per point, each point after an unmeasured warm-up wave), the tidy table
-and the server log; then capacity_<mode>_tp<N>.json: vLLM's
+and the server log; ``--stop-after S`` starts no point after S seconds, ``--resume-from DIR`` continues an
+earlier run's checkpoint (its serve35b_<mode>.parquet and .points.jsonl, e.g. a committed results folder), and
+``--pack`` leaves the per-point results and the server log as one results.tar.gz; then capacity_<mode>_tp<N>.json: vLLM's
 own KV capacity lines (pool tokens, attention block size, maximum concurrency at --max-model-len) beside
 treewy.memory's figures for the same launch, and the simulator's knee for the sweep's workloads (SIMULATED).
 
@@ -446,7 +448,9 @@ def cmd_sweep(args) -> int:
                       num_prompts=args.num_prompts, prompts_per_concurrency=1,
                       out=out / f"serve35b_{args.mode}{'' if args.tp == 1 else f'_tp{args.tp}'}.parquet",
                       result_dir=out / "results", device="H200", health_timeout=900, point_timeout=300,
-                      retry_failed=args.retry_failed)
+                      retry_failed=args.retry_failed, stop_after_s=args.stop_after)
+    if args.resume_from:
+        resume_into(Path(args.resume_from), cfg)
     _, bad = run_sweep(cfg, out)
     server_log = cfg.result_dir / f"server-{args.mode}.log"
     report = capacity_report(server_log.read_text(errors="replace") if server_log.is_file() else "",
@@ -454,7 +458,34 @@ def cmd_sweep(args) -> int:
                              max_model_len=args.max_model_len, max_num_seqs=256, workloads=cfg.workloads)
     (out / f"capacity_{args.mode}_tp{args.tp}.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report))
+    if args.pack:
+        pack_folder(cfg.result_dir)
     return 0 if bad == 0 else 1
+
+
+def resume_into(src: Path, cfg) -> None:
+    """Copy an earlier run's table and checkpoint (``src``/<table>.parquet and .points.jsonl, e.g. a committed
+    results folder carried to the GPU machine) into this run's --out, so the sweep resumes where that run stopped."""
+    import shutil
+
+    pairs = [(src / cfg.out.name, cfg.out), (src / cfg.checkpoint.name, cfg.checkpoint)]
+    if not pairs[1][0].is_file():
+        raise SystemExit(f"--resume-from {src}: no {cfg.checkpoint.name} there (the checkpoint of this mode's sweep)")
+    for a, b in pairs:
+        if b.exists():
+            raise SystemExit(f"--resume-from {src}: {b} exists already; pass a fresh --out")
+        if a.is_file():
+            shutil.copyfile(a, b)
+    log(f"resuming {len(cfg.checkpoint.read_text().splitlines())} recorded point(s) from {src}")
+
+
+def pack_folder(folder: Path) -> None:
+    """Replace ``folder`` by ``folder``.tar.gz beside it (one file for the per-point results and server logs)."""
+    import shutil
+
+    if folder.is_dir():
+        shutil.make_archive(str(folder), "gztar", root_dir=folder)
+        shutil.rmtree(folder)
 
 
 def cmd_acceptance(args) -> int:
@@ -595,6 +626,12 @@ def main(argv=None) -> int:
     a.add_argument("--max-model-len", type=int, default=2048)
     a.add_argument("--port", type=int, default=8041)
     a.add_argument("--compile", default="decode", choices=tuple(COMPILE))
+    s.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                   help="start no point after this many seconds (the rest: the same command again, --resume-from)")
+    s.add_argument("--resume-from", default=None, metavar="DIR",
+                   help="a folder holding an earlier run's serve35b_<mode>.parquet and .points.jsonl to continue")
+    s.add_argument("--pack", action="store_true",
+                   help="pack results/ (per-point results, server log) into results.tar.gz at the end")
     s.add_argument("--retry-failed", action="store_true",
                    help="rerun the points the checkpoint in --out records as failed (finished ones are kept)")
     f = sub.add_parser("fault")

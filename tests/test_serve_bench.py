@@ -209,3 +209,17 @@ def test_each_point_sends_an_unmeasured_wave_at_its_concurrency_first(tmp_path):
     assert warmup_bodies(SweepConfig(**{**cfg.__dict__, "warmup_waves": 0}), point) == []
     with pytest.raises(ServeError, match="warmup_waves = -1"):
         SweepConfig(**{**cfg.__dict__, "warmup_waves": -1}).points()
+
+
+def test_stop_after_leaves_the_rest_to_the_next_run(tmp_path, fake_env, capsys):
+    """--stop-after S starts no point once S seconds have passed (the server's start counts): the points left are
+    neither run nor written as failed, and the same command without it resumes them from the checkpoint."""
+    assert _bench(tmp_path, "--concurrency", "1,2,4", "--modes", "reconstruct", "--stop-after", "0.01") == 0
+    df = pl.read_parquet(tmp_path / "sweep.parquet")
+    assert df.height == 1 and df["error"].is_null().all() and _calls(fake_env) == 1
+    assert "2 point(s) left for the next run" in capsys.readouterr().err
+    assert _bench(tmp_path, "--concurrency", "1,2,4", "--modes", "reconstruct") == 0
+    assert pl.read_parquet(tmp_path / "sweep.parquet").height == 3 and _calls(fake_env) == 3
+    assert main(["bench-serve", "--model", "m", "--concurrency", "1", "--stop-after", "0",
+                 "--out", str(tmp_path / "x.parquet")]) == 2
+    assert "--stop-after 0" in capsys.readouterr().err

@@ -303,3 +303,40 @@ def test_tree_tiny_serves_every_tree_and_mode_and_reports_equal_lines(tmp_path, 
     argv, env = servers[0]
     assert json.loads(argv[argv.index("--speculative-config") + 1])["method"] == "ngram"
     assert env["TREEWY_TREE_DRAFTER"] == "ngram"
+
+
+def test_sweep_resumes_from_a_carried_folder_and_packs_its_results(tmp_path, monkeypatch, bench_script):
+    """``sweep --resume-from DIR`` copies an earlier run's table and checkpoint into --out (so its points are not
+    run again), ``--stop-after`` reaches the sweep, and ``--pack`` leaves one results.tar.gz instead of the folder."""
+    import tarfile
+
+    import pytest
+    import treewy.serve.export as export
+
+    mod = bench_script("vllm_serve_gpu")
+    monkeypatch.setattr(export, "export_dummy", lambda *a, **k: str(tmp_path / "model"))
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "serve35b_store_all.points.jsonl").write_text('{"key": "k", "point": "p", "row": {}}\n')
+    (earlier / "serve35b_store_all.parquet").write_bytes(b"table")
+    seen = []
+
+    def fake_run(cfg, out):
+        seen.append((cfg.checkpoint.read_text(), cfg.out.read_bytes(), cfg.stop_after_s))
+        cfg.result_dir.mkdir(parents=True)
+        (cfg.result_dir / "server-store_all.log").write_text("log\n")
+        return 1, 0
+
+    monkeypatch.setattr(mod, "run_sweep", fake_run)
+    out = tmp_path / "out"
+    argv = ["sweep", "--mode", "store_all", "--out", str(out), "--resume-from", str(earlier), "--stop-after", "480",
+            "--pack"]
+    assert mod.main(argv) == 0
+    assert seen == [('{"key": "k", "point": "p", "row": {}}\n', b"table", 480.0)]
+    assert not (out / "results").exists()
+    with tarfile.open(out / "results.tar.gz") as t:
+        assert "./server-store_all.log" in t.getnames()
+    with pytest.raises(SystemExit, match="exists already"):   # never over a checkpoint already there
+        mod.main(argv)
+    with pytest.raises(SystemExit, match="no serve35b_reconstruct.points.jsonl"):
+        mod.main(["sweep", "--mode", "reconstruct", "--out", str(tmp_path / "o2"), "--resume-from", str(earlier)])

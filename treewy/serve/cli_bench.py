@@ -52,6 +52,8 @@ def add_arguments(p) -> None:
     p.add_argument("--metrics-interval", type=float, default=0.5, help="seconds between /metrics scrapes")
     p.add_argument("--retry-failed", action="store_true", help="rerun points recorded as failed")
     p.add_argument("--max-restarts", type=int, default=1, help="restarts of a server that dies mid-sweep, per mode")
+    p.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                   help="start no point after this many seconds; rerun the same command to resume")
     p.add_argument("--show-server-log", action="store_true", help="stream the server log to the terminal")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("extra", nargs=argparse.REMAINDER,
@@ -75,7 +77,8 @@ def run(args) -> int:
                           dataset_dir=args.dataset_dir, device=args.device or "unchecked",
                           health_timeout=args.health_timeout, point_timeout=args.point_timeout,
                           metrics_interval=args.metrics_interval, retry_failed=args.retry_failed,
-                          max_restarts=args.max_restarts, echo_server_log=args.show_server_log)
+                          max_restarts=args.max_restarts, echo_server_log=args.show_server_log,
+                          stop_after_s=args.stop_after)
         cfg.points()  # load points and workloads are checked before anything starts
         for w in cfg.workloads:
             WORKLOADS[w].bench_args(cfg.dataset_dir)  # missing dataset files fail now, not mid-sweep

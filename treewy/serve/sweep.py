@@ -245,6 +245,7 @@ class Sweep:
 
         bar = tqdm(total=total, initial=total - len(todo), desc="bench-serve", unit="point", disable=not progress)
         ran = failed = 0
+        t0 = time.monotonic()
         try:
             for mode in self.cfg.modes:
                 points = [p for p in todo if p.mode == mode]
@@ -253,6 +254,12 @@ class Sweep:
                 srv, restarts, start_error = None, 0, None
                 try:
                     for p in points:
+                        if self.cfg.stop_after_s is not None and time.monotonic() - t0 > self.cfg.stop_after_s:
+                            left = len(todo) - ran
+                            self.log(f"--stop-after {self.cfg.stop_after_s:g} s reached: {left} point(s) left for "
+                                     f"the next run of the same command (the checkpoint {self.cfg.checkpoint} "
+                                     "resumes there)")
+                            return ran, failed
                         bar.set_postfix_str(p.label())
                         if start_error is None and (srv is None or not srv.alive):
                             if srv is not None:  # it died during the previous point

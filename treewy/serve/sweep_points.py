@@ -94,6 +94,7 @@ class SweepConfig:
     seed: int = 0
     echo_server_log: bool = False
     warmup_waves: int = 1                 # unmeasured waves sent before each point (``warmup_bodies``); 0: none
+    stop_after_s: float | None = None     # start no point once this many seconds have passed (the rest: a later run)
 
     def points(self) -> list[Point]:
         unknown = [w for w in self.workloads if w not in WORKLOADS]
@@ -114,6 +115,8 @@ class SweepConfig:
         if isinstance(self.warmup_waves, bool) or not isinstance(self.warmup_waves, int) or self.warmup_waves < 0:
             raise ServeError(f"warmup_waves = {self.warmup_waves!r}: expected 0 (no warm-up) or a positive number of "
                              "unmeasured waves before each point, e.g. 1")
+        if self.stop_after_s is not None and not self.stop_after_s > 0:
+            raise ServeError(f"--stop-after {self.stop_after_s}: expected a positive number of seconds, e.g. 480")
         if self.prompts_per_concurrency < 0:
             raise ServeError(f"--prompts-per-concurrency {self.prompts_per_concurrency}: expected 0 (off) or a "
                              "positive multiple of the concurrency")
