@@ -340,3 +340,28 @@ def test_sweep_resumes_from_a_carried_folder_and_packs_its_results(tmp_path, mon
         mod.main(argv)
     with pytest.raises(SystemExit, match="no serve35b_reconstruct.points.jsonl"):
         mod.main(["sweep", "--mode", "reconstruct", "--out", str(tmp_path / "o2"), "--resume-from", str(earlier)])
+
+
+def test_predictions_are_compared_point_by_point_with_the_measured_sweep(tmp_path, bench_script, capsys):
+    import polars as pl
+
+    from treewy.schema import serving_frame
+
+    mod = bench_script("predictions_vs_measured")
+    base = {"model": "m", "gmu": 0.6, "workload": "generation-short", "failed": 0, "peak_running": 8}
+    pred = serving_frame([dict(base, mode=m, concurrency=c, output_throughput=100.0, mean_tpot_ms=10.0,
+                               p99_ttft_ms=50.0, simulated=True) for m in ("store_all", "reconstruct") for c in (1, 8)])
+    meas = serving_frame([dict(base, mode="store_all", concurrency=1, output_throughput=50.0, mean_tpot_ms=20.0,
+                               p99_ttft_ms=100.0, simulated=False, device="H200", date="2026-12-02"),
+                          dict(base, mode="store_all", concurrency=8, simulated=False, error="server died"),
+                          dict(base, mode="reconstruct", concurrency=64, output_throughput=1.0, mean_tpot_ms=1.0,
+                               p99_ttft_ms=1.0, simulated=False, device="H200", date="2026-12-02")])
+    pred.write_parquet(tmp_path / "p.parquet")
+    meas.write_parquet(tmp_path / "m.parquet")
+    assert mod.main([str(tmp_path / "p.parquet"), str(tmp_path / "m.parquet"), "--out", str(tmp_path / "r.txt")]) == 0
+    text = (tmp_path / "r.txt").read_text()
+    assert "50 / 100 (0.50)" in text and "20.00 / 10.00 (2.00)" in text and "8 / 8 (1.00)" in text
+    assert "store_all   (1 points): tok/s 0.50 [0.50, 0.50]" in text
+    assert "generation-short reconstruct c64 gmu 0.6" in text and "generation-short store_all c8 gmu 0.6" in text
+    assert mod.main([str(tmp_path / "m.parquet"), str(tmp_path / "m.parquet")]) == 2   # measured rows as predictions
+    assert "expected the simulator's predictions" in capsys.readouterr().err

@@ -1,0 +1,103 @@
+"""The simulator's committed predictions against the sweep that ran after them, point by point (CPU, a second).
+
+    python -m benchmarks.predictions_vs_measured benchmarks/results/predictions_35b_h200_tp1_2026-12-02.parquet \
+        treewy/data/serving_qwen3.5-35b-a3b_h200_gmu0.6_2026-12-02.parquet \
+        --out benchmarks/results/predictions_vs_measured_35b_h200_2026-12-02.txt
+
+Joins the SIMULATED rows of the predictions with the measured rows of the given tables on (gmu, workload, mode,
+concurrency) and prints, per point, each metric measured, predicted and their ratio (measured / predicted); then per
+mode and metric the geometric mean of that ratio and its range. A measured point with no prediction, or a failed
+one, is listed apart. The predictions are not recomputed: the file holds what the simulator said before the run
+(the commit is in its .json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+KEYS = ["gmu", "workload", "mode", "concurrency"]
+#: (column, label, format) of each compared metric
+METRICS = [("output_throughput", "tok/s", ".0f"), ("mean_tpot_ms", "TPOT ms", ".2f"),
+           ("p99_ttft_ms", "p99 TTFT ms", ".0f"), ("peak_running", "running", "d")]
+
+
+def compare(predicted, measured):
+    """(one row per matched point with metric, metric_predicted and metric_ratio columns; the measured rows that
+    matched no prediction or failed)."""
+    import polars as pl
+
+    good = measured.filter(pl.col("error").is_null() & (pl.col("failed").fill_null(0) == 0))
+    pred = predicted.select(KEYS + [pl.col(c).alias(f"{c}_predicted") for c, _, _ in METRICS])
+    joined = good.select(KEYS + [c for c, _, _ in METRICS] + ["date", "device"]).join(pred, on=KEYS, how="left")
+    joined = joined.with_columns(
+        (pl.col(c).cast(pl.Float64) / pl.col(f"{c}_predicted").cast(pl.Float64)).alias(f"{c}_ratio")
+        for c, _, _ in METRICS)
+    matched = joined.filter(pl.col("output_throughput_predicted").is_not_null()).sort(KEYS)
+    unmatched = pl.concat([joined.filter(pl.col("output_throughput_predicted").is_null()).select(KEYS),
+                           measured.join(good, on=KEYS, how="anti").select(KEYS)])
+    return matched, unmatched
+
+
+def text_report(matched, unmatched, sources) -> str:
+    lines = ["Committed predictions (SIMULATED) against the measured sweep: measured / predicted (ratio)",
+             "sources: " + ", ".join(sources), ""]
+    head = f"{'gmu':>4s} {'workload':17s} {'mode':11s} {'conc':>4s} | " + " | ".join(
+        f"{label:>25s}" for _, label, _ in METRICS)
+    lines += [head, "-" * len(head)]
+    for r in matched.iter_rows(named=True):
+        cells = []
+        for c, _, fmt in METRICS:
+            cells.append(f"{format(r[c], fmt)} / {format(r[f'{c}_predicted'], fmt)} ({r[f'{c}_ratio']:.2f})".rjust(25))
+        lines.append(f"{r['gmu']:4.2f} {r['workload']:17s} {r['mode']:11s} {r['concurrency']:4d} | " + " | ".join(cells))
+    lines += ["", "measured / predicted per mode: geomean [min, max] over the matched points", ""]
+    for (mode,), part in matched.group_by("mode", maintain_order=True):
+        cells = []
+        for c, label, _ in METRICS:
+            x = part[f"{c}_ratio"].drop_nulls()
+            x = x.filter(x > 0)
+            mean = math.exp(x.log().mean()) if len(x) else math.nan
+            cells.append(f"{label} {mean:.2f} [{x.min():.2f}, {x.max():.2f}]")
+        lines.append(f"{mode:11s} ({part.height} points): " + "; ".join(cells))
+    if unmatched.height:
+        lines += ["", "not compared (failed, or no prediction for the point): "
+                  + ", ".join(f"{r['workload']} {r['mode']} c{r['concurrency']} gmu {r['gmu']}"
+                              for r in unmatched.iter_rows(named=True))]
+    dates = sorted(set(matched["date"].to_list())) if matched.height else []
+    lines += ["", f"measured on {', '.join(sorted(set(matched['device'].to_list())))} on {', '.join(dates)}"
+              if dates else "no measured point matched a prediction"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("predictions", help="the predictions' parquet (benchmarks/sim_predictions.py)")
+    ap.add_argument("measured", nargs="+", help="measured serving tables (treewy.schema)")
+    ap.add_argument("--out", default=None, help="also write the report here")
+    args = ap.parse_args(argv)
+
+    import polars as pl
+
+    predicted = pl.read_parquet(args.predictions)
+    if not predicted["simulated"].all():
+        print(f"{args.predictions}: holds measured rows; expected the simulator's predictions", file=sys.stderr)
+        return 2
+    cols = KEYS + [c for c, _, _ in METRICS] + ["error", "failed", "date", "device", "simulated"]
+    frames = []
+    for path in map(Path, args.measured):
+        if not path.is_file():
+            print(f"{path}: no such table", file=sys.stderr)
+            return 2
+        frames.append(pl.read_parquet(path).select(cols).filter(~pl.col("simulated")))
+    measured = pl.concat(frames)
+    report = text_report(*compare(predicted, measured), [args.predictions, *args.measured])
+    print(report, end="")
+    if args.out:
+        Path(args.out).write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
