@@ -22,7 +22,7 @@ through ``treewy.serve.fp32_prefill`` (TREEWY_FP32_PREFILL=1).
 ``sweep``: the 35B-A3B architecture with dummy weights (``treewy export-vllm --dummy``), one mode and one gmu per
 call, ``treewy bench-serve`` over the given concurrencies and workloads (by default the grid the simulator's
 committed predictions cover, ``treewy.sim.predict``: the three measured workloads, concurrency 1..256, closed loops
-of one wave, max(16, concurrency) requests per point, each point after an unmeasured warm-up wave), the tidy table
+of one wave, max(16, concurrency) requests per point, each point after as many short unmeasured requests), the tidy table
 and the server log; ``--stop-after S`` starts no point after S seconds, ``--resume-from DIR`` continues an
 earlier run's checkpoint (its serve35b_<mode>.parquet and .points.jsonl, e.g. a committed results folder), and
 ``--pack`` leaves the per-point results and the server log as one results.tar.gz; then capacity_<mode>_tp<N>.json: vLLM's

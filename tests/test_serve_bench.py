@@ -49,9 +49,9 @@ def test_sweep_writes_one_tidy_row_per_point_and_resumes(tmp_path, fake_env, cap
     assert (df["num_drafts"] == 3).all() and (df["tp"] == 1).all()
     rate_rows = df.filter(pl.col("request_rate").is_not_null())
     assert rate_rows.height == 2 and rate_rows["concurrency"].is_null().all()
-    # each point was preceded by one unmeasured wave: its concurrency, or for a rate point all its 6 requests, sent
-    # by the sweep itself as token ids (the fake bench sends text), 16 tokens each, prompts of smoke's 64 +- 20 %
-    assert df.select(pl.coalesce("concurrency", pl.lit(6)) == pl.col("warmup_requests")).to_series().all()
+    # each point was preceded by as many unmeasured requests as it sends, sent by the sweep itself as token ids (the
+    # fake bench sends text), 16 tokens each, prompts of smoke's 64 +- 20 %
+    assert (df["warmup_requests"] == 6).all()
     import json
     sent = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
     warm = [r for r in sent if r["prompt_len"] is not None]
@@ -88,10 +88,11 @@ def test_sweep_writes_one_tidy_row_per_point_and_resumes(tmp_path, fake_env, cap
 
 
 def test_server_that_dies_mid_sweep_is_recorded_and_restarted(tmp_path, fake_env, monkeypatch, capsys):
-    # each server process dies at its 12th request: the first during c2's measured run (c1: 1 warm-up + 6, c2: 2 + 6),
-    # the restarted one during c8's warm-up (c4: 4 + 6, then c8's 8 warm-ups)
-    monkeypatch.setenv("FAKE_VLLM_DIE_AFTER", "12")
-    rc = _bench(tmp_path, "--concurrency", "1,2,4,8,16", "--modes", "store_all", "--max-restarts", "1")
+    # each server process dies at its 20th request: the first during c2's measured run (c1: 6 warm-ups + 6, c2: 6 +
+    # 6), the restarted one during c8's warm-up (c4: 6 + 6, then c8's 8 warm-ups: max(6 prompts, 1 x 8))
+    monkeypatch.setenv("FAKE_VLLM_DIE_AFTER", "20")
+    rc = _bench(tmp_path, "--concurrency", "1,2,4,8,16", "--modes", "store_all", "--max-restarts", "1",
+                "--prompts-per-concurrency", "1")
     assert rc == 1
     df = pl.read_parquet(tmp_path / "sweep.parquet").sort("concurrency")
     assert df.height == 5  # every point is a row, failed or not
@@ -108,7 +109,8 @@ def test_server_that_dies_mid_sweep_is_recorded_and_restarted(tmp_path, fake_env
 
     # fix the cause and resume with --retry-failed: only the failed points run
     monkeypatch.delenv("FAKE_VLLM_DIE_AFTER")
-    assert _bench(tmp_path, "--concurrency", "1,2,4,8,16", "--modes", "store_all", "--retry-failed") == 0
+    assert _bench(tmp_path, "--concurrency", "1,2,4,8,16", "--modes", "store_all", "--retry-failed",
+                  "--prompts-per-concurrency", "1") == 0
     assert _calls(fake_env) == 6
     assert pl.read_parquet(tmp_path / "sweep.parquet")["error"].is_null().all()
 
@@ -182,11 +184,11 @@ def test_sigterm_stops_the_server_it_started(tmp_path, fake_env):
         time.sleep(0.2)
 
 
-def test_each_point_sends_an_unmeasured_wave_at_its_concurrency_first(tmp_path):
-    """One-time costs (kernels compiled for a new batch shape during inference) land on the first requests of a
-    batch shape: before a point the sweep sends one unmeasured wave at the point's concurrency, prompts of the
-    workload's lengths but token ids of their own (not in the prefix cache) and 16 output tokens each; the bench
-    command itself sends no warm-up and keeps per-request times (``--save-detailed``)."""
+def test_each_point_first_sends_as_many_short_unmeasured_requests(tmp_path):
+    """One-time costs (kernels compiled for a new batch or prompt shape during inference) land on the first requests
+    of that shape: before a point the sweep sends as many unmeasured requests as the point, at its concurrency, with
+    prompts of the workload's lengths but token ids of their own (not in the prefix cache) and 16 output tokens each;
+    the bench command itself sends no warm-up and keeps per-request times (``--save-detailed``)."""
     from treewy.serve.launcher import ServeError, ServeOptions
     from treewy.serve.sweep_points import Point, SweepConfig, bench_command, warmup_bodies
 
@@ -197,15 +199,16 @@ def test_each_point_sends_an_unmeasured_wave_at_its_concurrency_first(tmp_path):
     argv = bench_command(cfg, point, tmp_path, "x.json")
     assert "--save-detailed" in argv and "--num-warmups" not in argv
     bodies = warmup_bodies(cfg, point)
-    assert len(bodies) == cfg.warmups(point) == 128 and cfg.warmups(Point("smoke", "reconstruct", None, 4.0)) == 64
+    # as many as the point sends (max(64, 4 x 128)): a prompt length can be a new kernel shape as much as a batch size
+    assert len(bodies) == cfg.warmups(point) == 512 and cfg.warmups(Point("smoke", "reconstruct", None, 4.0)) == 64
     lengths = [len(b["prompt"]) for b in bodies]
-    assert 819 <= min(lengths) < max(lengths) <= 1228 and len(set(lengths)) > 50
+    assert 819 <= min(lengths) < max(lengths) <= 1228 and len(set(lengths)) > 200
     assert all(b["max_tokens"] == 16 and b["ignore_eos"] and b["model"] == "m" for b in bodies)
     assert all(1 <= t <= 255 for b in bodies for t in b["prompt"])
     # reproducible per point, and another point's warm-up has other prompts
     assert warmup_bodies(cfg, point) == bodies
     assert warmup_bodies(cfg, Point("summarize-short", "store_all", 128))[0]["prompt"] != bodies[0]["prompt"]
-    assert len(warmup_bodies(SweepConfig(**{**cfg.__dict__, "warmup_waves": 2}), point)) == 256
+    assert len(warmup_bodies(SweepConfig(**{**cfg.__dict__, "warmup_waves": 2}), point)) == 1024
     assert warmup_bodies(SweepConfig(**{**cfg.__dict__, "warmup_waves": 0}), point) == []
     with pytest.raises(ServeError, match="warmup_waves = -1"):
         SweepConfig(**{**cfg.__dict__, "warmup_waves": -1}).points()
