@@ -25,7 +25,9 @@ committed predictions cover, ``treewy.sim.predict``: the three measured workload
 of one wave, max(16, concurrency) requests per point, each point after as many short unmeasured requests), the tidy table
 and the server log; ``--stop-after S`` starts no point after S seconds, ``--resume-from DIR`` continues an
 earlier run's checkpoint (its serve35b_<mode>.parquet and .points.jsonl, e.g. a committed results folder), and
-``--pack`` leaves the per-point results and the server log as one results.tar.gz; then capacity_<mode>_tp<N>.json: vLLM's
+``--pack`` leaves the per-point results and the server log as one results.tar.gz; ``--tree W1,W2,...`` serves that
+draft tree (issue 30's measured width curve: k = its N drafts, the plugin's tree sampler at the paper's Table 2
+length for the shape, per depth) into its own table, serve35b_<mode>_tree<W1-W2-...>.parquet; then capacity_<mode>_tp<N>.json: vLLM's
 own KV capacity lines (pool tokens, attention block size, maximum concurrency at --max-model-len) beside
 treewy.memory's figures for the same launch, and the simulator's knee for the sweep's workloads (SIMULATED).
 
@@ -71,7 +73,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from treewy.serve.launcher import ServeOptions, VLLMServer, build_command
+from treewy.serve.launcher_command import parse_tree
 from treewy.serve.metrics import parse_prometheus
+from treewy.tree import DraftTree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -428,7 +432,8 @@ def dummy_35b_server(args, extra=(), **options):
     out.mkdir(parents=True, exist_ok=True)
     model_dir = str(export_dummy("qwen3.5-35b-a3b", f"/tmp/q35b-dummy-{args.mode}", max_len=args.max_model_len,
                                  overwrite=True))
-    return out, ServeOptions(model=model_dir, tp=args.tp, gmu=args.gmu, num_speculative_tokens=3, max_num_seqs=256,
+    k = options.pop("num_speculative_tokens", 3)
+    return out, ServeOptions(model=model_dir, tp=args.tp, gmu=args.gmu, num_speculative_tokens=k, max_num_seqs=256,
                              port=args.port, max_model_len=args.max_model_len, acceptance=args.acceptance,
                              extra_args=VLLM_026_ARGS + ["--load-format", "dummy", *extra] + compile_args(args.compile),
                              **options)
@@ -442,11 +447,15 @@ def cmd_sweep(args) -> int:
     args.concurrency = args.concurrency or ",".join(map(str, predict.CONCURRENCIES))
     args.num_prompts = predict.MIN_REQUESTS if args.num_prompts is None else args.num_prompts
 
-    out, server = dummy_35b_server(args, cudagraph_max_size=args.graph_max_tokens)
+    tree = {} if args.tree is None else {"tree": parse_tree(args.tree), "drafter": args.drafter}
+    if tree:
+        tree["num_speculative_tokens"] = DraftTree.from_widths(tree["tree"]).num_nodes - 1
+    out, server = dummy_35b_server(args, cudagraph_max_size=args.graph_max_tokens, **tree)
+    name = (f"serve35b_{args.mode}{'' if args.tp == 1 else f'_tp{args.tp}'}"
+            + ("" if not tree else "_tree" + "-".join(map(str, tree["tree"]))))
     cfg = SweepConfig(server=server, model_name="qwen3.5-35b-a3b", workloads=args.workloads.split(","),
                       modes=[args.mode], concurrencies=[int(c) for c in args.concurrency.split(",")],
-                      num_prompts=args.num_prompts, prompts_per_concurrency=1,
-                      out=out / f"serve35b_{args.mode}{'' if args.tp == 1 else f'_tp{args.tp}'}.parquet",
+                      num_prompts=args.num_prompts, prompts_per_concurrency=1, out=out / f"{name}.parquet",
                       result_dir=out / "results", device="H200", health_timeout=900, point_timeout=300,
                       retry_failed=args.retry_failed, stop_after_s=args.stop_after)
     if args.resume_from:
@@ -626,6 +635,9 @@ def main(argv=None) -> int:
     a.add_argument("--max-model-len", type=int, default=2048)
     a.add_argument("--port", type=int, default=8041)
     a.add_argument("--compile", default="decode", choices=tuple(COMPILE))
+    s.add_argument("--tree", default=None, metavar="W1,W2,...",
+                   help="serve this draft tree (k = its N drafts; acceptance per depth: the paper's Table 2 length)")
+    s.add_argument("--drafter", default="mtp", choices=("mtp", "ngram"), help="the tree's drafter")
     s.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
                    help="start no point after this many seconds (the rest: the same command again, --resume-from)")
     s.add_argument("--resume-from", default=None, metavar="DIR",

@@ -73,6 +73,20 @@ def test_default_is_the_paper_on_dummy_weights_and_real_acceptance_otherwise():
     assert parse_acceptance(None, 3, dummy=False).rates is None
 
 
+def test_paper_acceptance_of_a_tree_is_its_table_2_length_per_depth():
+    """A served tree's rates are per depth: the paper's Table 2 length for its shape ((2, 2, 1): 3.38 tokens per
+    step, (3, 3, 3): 3.58), geometric over the depths; the chain (1, 1, 1) keeps its own; a shape the table lacks
+    gets the chain's per-position rates."""
+    from treewy.paper import ACCEPTANCE
+
+    for shape in ((2, 2, 1), (3, 3, 3)):
+        acc = parse_acceptance(None, 3, dummy=True, tree=shape)
+        assert acc.source == "paper-35b" and acc.rates == geometric_acceptance_rates(ACCEPTANCE[shape], 3)
+        assert abs(acc.expected_tokens_per_step - ACCEPTANCE[shape]) < 1e-9
+    assert parse_acceptance(None, 3, dummy=True, tree=(1, 1, 1)).rates == parse_acceptance(None, 3, dummy=True).rates
+    assert parse_acceptance(None, 2, dummy=True, tree=(4, 4)).rates == parse_acceptance(None, 2, dummy=True).rates
+
+
 # --- the command line -----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["store_all", "reconstruct"])

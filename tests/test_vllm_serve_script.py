@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from treewy.paper import PAPER_35B_CHAIN_RATES
 from treewy.serve.launcher import build_command
 
@@ -310,7 +312,6 @@ def test_sweep_resumes_from_a_carried_folder_and_packs_its_results(tmp_path, mon
     run again), ``--stop-after`` reaches the sweep, and ``--pack`` leaves one results.tar.gz instead of the folder."""
     import tarfile
 
-    import pytest
     import treewy.serve.export as export
 
     mod = bench_script("vllm_serve_gpu")
@@ -365,3 +366,22 @@ def test_predictions_are_compared_point_by_point_with_the_measured_sweep(tmp_pat
     assert "generation-short reconstruct c64 gmu 0.6" in text and "generation-short store_all c8 gmu 0.6" in text
     assert mod.main([str(tmp_path / "m.parquet"), str(tmp_path / "m.parquet")]) == 2   # measured rows as predictions
     assert "expected the simulator's predictions" in capsys.readouterr().err
+
+
+def test_sweep_serves_a_tree_with_the_papers_table_2_acceptance_per_depth(tmp_path, monkeypatch, bench_script):
+    """``sweep --tree 2,2,1`` serves the tree as vLLM's chain of its N = 10 drafts with the tree's drafter, asks the
+    plugin's tree sampler for the paper's Table 2 length (3.38 tokens per step) per depth, and keeps its own table."""
+    import treewy.serve.export as export
+    from treewy.paper import ACCEPTANCE, geometric_acceptance_rates
+
+    mod = bench_script("vllm_serve_gpu")
+    seen = []
+    monkeypatch.setattr(export, "export_dummy", lambda *a, **k: str(tmp_path / "model"))
+    monkeypatch.setattr(mod, "run_sweep", lambda cfg, out: (seen.append(cfg), (0, 0))[1])
+    assert mod.main(["sweep", "--mode", "reconstruct", "--out", str(tmp_path), "--tree", "2,2,1"]) == 0
+    cfg = seen[0]
+    assert cfg.server.tree == (2, 2, 1) and cfg.server.num_speculative_tokens == 10 and cfg.server.drafter == "mtp"
+    assert cfg.out.name == "serve35b_reconstruct_tree2-2-1.parquet"
+    _, env = build_command(cfg.server)
+    rates = [float(x) for x in env["TREEWY_TREE_RATES"].split(",")]
+    assert rates == pytest.approx(geometric_acceptance_rates(ACCEPTANCE[(2, 2, 1)], 3))

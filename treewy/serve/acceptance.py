@@ -68,9 +68,13 @@ def _number(text: str, what: str, flag: str) -> float:
     return x
 
 
-def parse_acceptance(text: str | None, k: int, *, dummy: bool, flag: str = "--acceptance") -> Acceptance:
-    """The acceptance a run of ``k`` drafts per step asks for. ``text`` None: ``paper-35b`` on dummy weights (they
-    accept nothing), ``none`` on real ones (synthetic acceptance would change their text)."""
+def parse_acceptance(text: str | None, k: int, *, dummy: bool, flag: str = "--acceptance",
+                     tree: tuple[int, ...] | None = None) -> Acceptance:
+    """The acceptance a run of ``k`` drafts per step asks for (a served ``tree``: ``k`` is its depth, the rates per
+    depth). ``text`` None: ``paper-35b`` on dummy weights (they accept nothing), ``none`` on real ones (synthetic
+    acceptance would change their text). ``paper-35b`` is the paper's 35B Table 2 length for the shape (its chain:
+    3.23 tokens per step), spread over the depths by the geometric rule; a tree the table lacks gets the chain's
+    per-position rates per depth."""
     if text is None:
         text = "paper-35b" if dummy else "none"
     if not isinstance(text, str):
@@ -80,6 +84,8 @@ def parse_acceptance(text: str | None, k: int, *, dummy: bool, flag: str = "--ac
     head = head.strip().lower()
     if not sep and head == "none":
         return Acceptance("none")
+    if not sep and head == "paper-35b" and tree is not None and tuple(tree) in ACCEPTANCE:
+        return Acceptance("paper-35b", geometric_acceptance_rates(ACCEPTANCE[tuple(tree)], k))
     if not sep and head == "paper-35b":
         return Acceptance("paper-35b", tuple(PAPER_35B_ALPHA ** i for i in range(1, k + 1)))
     if sep and head == "length":

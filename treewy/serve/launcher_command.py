@@ -148,7 +148,8 @@ def acceptance_of(opts: ServeOptions) -> Acceptance:
     """The acceptance the server is asked for (treewy.serve.acceptance), checked against its chain length (a tree:
     its depth)."""
     try:
-        return parse_acceptance(opts.acceptance, acceptance_positions(opts), dummy=dummy_weights(opts))
+        return parse_acceptance(opts.acceptance, acceptance_positions(opts), dummy=dummy_weights(opts),
+                                tree=None if opts.tree is None else tuple(opts.tree))
     except ValueError as e:
         tree = tree_of(opts)
         why = "" if tree is None else (f" (with --tree the rates are per depth, P(accepted depth >= d) for d = 1.."
