@@ -35,9 +35,20 @@ def simulate_like(rows, gpu: str, server):
                                                                   disable=len(rows) < 10)]
 
 
-#: vLLM 0.26's largest captured CUDA graph (tokens per step) on the sweep's servers (their logs:
-#: max_cudagraph_capture_size 512); ``--compile decode`` captures decode-only steps (FULL_DECODE_ONLY).
-GRAPH_MAX_TOKENS = 512
+#: vLLM 0.26's largest captured CUDA graph (tokens per step) on the sweep's servers of 2026-11-30, whose rows predate
+#: the cudagraph_max_size column (their logs: max_cudagraph_capture_size 512); ``--compile decode`` captures
+#: decode-only steps (FULL_DECODE_ONLY).
+GRAPH_MAX_TOKENS_2026_11_30 = 512
+
+
+def graph_max_tokens(rows) -> int:
+    """The largest captured step of the measured servers: the rows' cudagraph_max_size (one value), else that of the
+    2026-11-30 servers."""
+    sizes = {r.get("cudagraph_max_size") for r in rows} - {None}
+    if len(sizes) > 1:
+        raise SystemExit(f"the rows come from servers with different CUDA graph sizes {sorted(sizes)}: fit one at a "
+                         "time")
+    return sizes.pop() if sizes else GRAPH_MAX_TOKENS_2026_11_30
 
 
 def fit_eager_step(rows, gpu: str, server) -> float:
@@ -85,7 +96,7 @@ def ttft_clean(row) -> str | None:
     (generation-short at 1 and 16 requests: compiles during inference, every request of the c16 wave waited 2-4.5 s),
     generation-short at 32 ran third on a fresh server with no repeat to tell its share, and a point whose wave did
     not run at once measures queueing behind finishing requests (the decode side, fitted on TPOT) instead."""
-    if row["workload"] == "generation-short" and row["concurrency"] <= 32:
+    if row.get("warmup_requests") is None and row["workload"] == "generation-short" and row["concurrency"] <= 32:
         return "first points of a fresh server (one-time costs)"
     if row["peak_running"] < row["concurrency"]:
         return "queued behind the pool (decode-bound)"
@@ -111,6 +122,18 @@ def fit_prefill(rows, gpu: str, server, rounds: int = 3) -> tuple[float, float]:
         dx, *_ = np.linalg.lstsq(jac / meas[:, None], (meas - base) / meas, rcond=None)
         x = np.maximum(x + dx, 0.0)
     return float(x[0]), float(x[1])
+
+
+def step_cost_fit(rows, sims) -> tuple[float, float]:
+    """(a, b) in ms per step: the least-squares line measured - simulated step time = a + b x running requests, over
+    paired measured and simulated rows. A step emits acceptance_length tokens per request, so its time is TPOT x
+    acceptance_length (dummy weights without synthetic acceptance: 1)."""
+    import numpy as np
+
+    y = np.array([(r["mean_tpot_ms"] - s["mean_tpot_ms"]) * (r["acceptance_length"] or 1.0) for r, s in zip(rows, sims)])
+    running = np.array([r["peak_running"] for r in rows], dtype=float)
+    (a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(y), running], 1), y, rcond=None)
+    return float(a), float(b)
 
 
 def admitted_at_once(row) -> bool:
@@ -139,12 +162,10 @@ def main(argv=None) -> int:
     assumed = ServerConfig(max_num_seqs=seqs.pop())
     first = simulate_like(rows, args.gpu, assumed)
     fit = [i for i, r in enumerate(rows) if admitted_at_once(r)]
-    y = np.array([rows[i]["mean_tpot_ms"] - first[i]["mean_tpot_ms"] for i in fit])
-    running = np.array([rows[i]["peak_running"] for i in fit], dtype=float)
-    (a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(y), running], 1), y, rcond=None)
+    a, b = step_cost_fit([rows[i] for i in fit], [first[i] for i in fit])
+    top = graph_max_tokens(rows)
     graphs = dataclasses.replace(assumed, host_overhead_s=assumed.host_overhead_s + a * 1e-3,
-                                 host_per_request_s=b * 1e-3, graph_max_tokens=GRAPH_MAX_TOKENS,
-                                 graphs_decode_only=True)
+                                 host_per_request_s=b * 1e-3, graph_max_tokens=top, graphs_decode_only=True)
     queued = [r for i, r in enumerate(rows) if i not in fit]
     eager0 = fit_eager_step(queued, args.gpu, graphs) if queued else 0.0
     tpot_only = dataclasses.replace(graphs, eager_step_s=eager0)
@@ -160,10 +181,10 @@ def main(argv=None) -> int:
              f"gmu {r0['gmu']}, tp {r0['tp']}, max_num_seqs {assumed.max_num_seqs}, weights {r0['weights']}",
              f"fit over the {len(fit)} points whose whole wave ran at once (peak running = concurrency: decode "
              "steps only; the others queue, and their prefills share steps): "
-             f"measured TPOT - assumed TPOT = {a:.3f} ms + {b:.4f} ms x running requests "
+             f"(measured TPOT - assumed TPOT) x tokens per step = {a:.3f} ms + {b:.4f} ms x running requests per step "
              f"(host_overhead_s {assumed.host_overhead_s:.2e} -> {fitted.host_overhead_s:.2e}, "
              f"host_per_request_s 0 -> {fitted.host_per_request_s:.2e})",
-             f"then, with steps of more than {GRAPH_MAX_TOKENS} tokens or with a prefill chunk run eagerly (the "
+             f"then, with steps of more than {top} tokens or with a prefill chunk run eagerly (the "
              "servers' max_cudagraph_capture_size and FULL_DECODE_ONLY graphs), the eager step's extra cost fitted "
              f"over the {len(queued)} other points (least squares on log TPOT): eager_step_s {eager0:.2e}",
              f"then the prefill costs over the {len(clean)} points whose TTFT is clean (least squares on relative mean "

@@ -91,3 +91,19 @@ def test_clean_ttft_points_are_the_ones_the_explanation_names():
     assert clean == {("generation-short", "reconstruct", 64), ("generation-short", "reconstruct", 128)} | {
         ("summarize-short", m, c) for m in ("store_all", "reconstruct") for c in (1, 16, 32)} | {
         ("summarize-short", "reconstruct", c) for c in (64, 128)}
+
+
+def test_step_costs_are_fitted_per_step_when_drafts_are_accepted():
+    """With accepted drafts a step emits acceptance_length tokens per request: the fixed costs (per step) come from
+    the TPOT gap times it, and the fit refuses servers of different CUDA graph sizes."""
+    from benchmarks.sim_vs_measured import graph_max_tokens, step_cost_fit
+
+    rows, sims = [], []
+    for n, accepted in ((1, 3.2), (8, 3.3), (32, 3.1), (64, 1.0)):
+        sims.append({"mean_tpot_ms": 2.0})
+        rows.append({"mean_tpot_ms": 2.0 + (10.0 + 0.05 * n) / accepted, "acceptance_length": accepted,
+                     "peak_running": n})
+    assert step_cost_fit(rows, sims) == pytest.approx((10.0, 0.05))
+    assert graph_max_tokens([{"cudagraph_max_size": 1024}] * 2) == 1024 and graph_max_tokens([{}]) == 512
+    with pytest.raises(SystemExit, match="different CUDA graph sizes"):
+        graph_max_tokens([{"cudagraph_max_size": 512}, {"cudagraph_max_size": 1024}])
