@@ -522,11 +522,110 @@ def cmd_acceptance(args) -> int:
     return 1 if any(r.get("error") or r.get("acceptance_warning") for r in rows) or not rows else 0
 
 
+#: every per-depth |z| below this: the served tree's accepted depths match the engine's (a depth crosses it by chance
+#: about once in 370 when steps are independent draws)
+DEPTH_Z_MAX = 3.0
+
+
+def served_depth_counts(counters: dict, depth: int) -> tuple[int, list[int]]:
+    """(steps, [steps that accepted depth >= d for d = 1..depth]) from a phase's spec-decode counter deltas. A served
+    tree emits depth(a) + 1 tokens per step, which vLLM counts as accepted positions 0..depth(a) - 1, so position
+    d - 1 counts depth >= d and positions ``depth``.. stay 0 (tests/serve_fakes/fake_vllm.py, treewy/serve/metrics.py).
+    """
+    per = [int(round(x)) for x in counters["accepted_per_pos"]]
+    if any(per[depth:]):
+        raise ValueError(f"vLLM counted accepted drafts at positions {depth}.. ({per[depth:]}): a tree of depth "
+                         f"{depth} accepts at most that many per step, so the tree's sampler was not the one serving")
+    return int(round(counters["drafts"])), (per + [0] * depth)[:depth]
+
+
+def engine_depth_counts(steps, depth: int) -> tuple[int, list[int]]:
+    """The same counts from ``treewy.decode.generate``'s per-step records (StepStat.length = accepted depth + 1)."""
+    got = [s.length - 1 for s in steps]
+    return len(got), [sum(x >= d for x in got) for d in range(1, depth + 1)]
+
+
+def _depth_sample(name: str, counts) -> dict:
+    n, at_least = counts
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"{name}: {n!r} steps; comparing accepted depths needs at least one speculative step")
+    if any(not isinstance(c, int) or not 0 <= c <= n for c in at_least) or any(
+            b > a for a, b in zip(at_least, at_least[1:])):
+        raise ValueError(f"{name}: steps at depth >= d must be non-increasing counts within 0..{n} steps, got "
+                         f"{list(at_least)}")
+    rates = [c / n for c in at_least]
+    mean = sum(rates)
+    # E[depth^2] = sum_d (2d - 1) P(depth >= d): the variance comes from the same counts
+    var = max(0.0, sum((2 * d - 1) * r for d, r in enumerate(rates, 1)) - mean ** 2)
+    return {"steps": n, "at_least": list(at_least), "rates": rates,
+            "rate_se": [(r * (1 - r) / n) ** 0.5 for r in rates], "mean_depth": mean, "mean_se": (var / n) ** 0.5}
+
+
+def compare_depths(served, engine, z_max: float = DEPTH_Z_MAX) -> dict:
+    """Accepted depth per step, served against the engine. ``served`` and ``engine``: (steps, [steps at depth >= d
+    for d = 1..D]). Per side the mean depth and P(depth >= d) with standard errors; per depth the two-sample z of the
+    rates (pooled variance; 0 where both sides sit at 0 or 1). Steps are taken as independent draws, which a
+    request's steps, sharing its context, only roughly are: the verdict ``matches`` needs every |z| < z_max."""
+    s, e = _depth_sample("served", served), _depth_sample("engine", engine)
+    if len(s["rates"]) != len(e["rates"]):
+        raise ValueError(f"served has {len(s['rates'])} depths and engine {len(e['rates'])}: count the same tree")
+    z = []
+    for cs, ce in zip(s["at_least"], e["at_least"]):
+        pool = (cs + ce) / (s["steps"] + e["steps"])
+        se = (pool * (1 - pool) * (1 / s["steps"] + 1 / e["steps"])) ** 0.5
+        z.append((cs / s["steps"] - ce / e["steps"]) / se if se > 0 else 0.0)
+    return {"served": s, "engine": e, "z": z, "z_max": z_max, "matches": all(abs(x) < z_max for x in z)}
+
+
+def depth_line(cmp: dict) -> str:
+    """One report line: mean accepted depth of both, per depth the counts, rates +- SE and z, then the verdict."""
+    s, e = cmp["served"], cmp["engine"]
+
+    def rate(side, i):
+        return f"{side['at_least'][i]}/{side['steps']} = {side['rates'][i]:.3f} +- {side['rate_se'][i]:.3f}"
+
+    per = ", ".join(f"P(depth >= {i + 1}) {rate(s, i)} vs {rate(e, i)} (z {z:+.2f})" for i, z in enumerate(cmp["z"]))
+    far = [d for d, z in enumerate(cmp["z"], 1) if abs(z) >= cmp["z_max"]]
+    verdict = (f"matches (|z| < {cmp['z_max']:g} at every depth)" if cmp["matches"] else
+               f"does NOT match (|z| >= {cmp['z_max']:g} at depth {', '.join(map(str, far))})")
+    return (f"accepted depth {s['mean_depth']:.3f} +- {s['mean_se']:.3f} served vs {e['mean_depth']:.3f} +- "
+            f"{e['mean_se']:.3f} treewy.decode.generate; {per}: {verdict}; {s['steps']} served steps, {e['steps']} "
+            "generate steps")
+
+
+def complete_seeded(base_url: str, model: str, prompt: list[int], max_tokens: int, temperature: float,
+                    seed: int) -> list[int]:
+    """``complete`` sampled at ``temperature`` with vLLM's per-request ``seed``."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
+                       "seed": seed, "ignore_eos": True, "return_token_ids": True}).encode()
+    req = urllib.request.Request(base_url + "/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())["choices"][0]["token_ids"]
+
+
+def _temperature(text: str) -> float:
+    try:
+        t = float(text)
+    except ValueError:
+        t = float("nan")
+    if not 0 <= t < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number >= 0 (0: greedy, e.g. 1)")
+    return t
+
+
+def _seed(text: str) -> int:
+    if not text.isdigit() or int(text) >= 2 ** 62:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer in 0..2**62 - 1 (request i gets seed + i)")
+    return int(text)
+
+
 def cmd_tree_tiny(args) -> int:
     """``tree-tiny``: the tiny checkpoint served with a fixed draft tree (``--tree``) per mode and tree, prompts at each
-    concurrency, temperature 0, fp32 with exact Triton dots; every output against ``treewy.decode.generate`` with the
-    same tree, drafter (``--drafter``: mtp or ngram) and mode. Writes tree_tiny.json and tree_tiny.txt (one "N/N equal"
-    line per run)."""
+    concurrency, fp32 with exact Triton dots, against ``treewy.decode.generate`` with the same tree, drafter
+    (``--drafter``: mtp or ngram) and mode. At temperature 0 every output must equal generate's (one "N/N equal" line
+    per run). At ``--temperature`` T > 0 request i carries seed ``--seed`` + i and generate runs the batch with seed
+    ``--seed``: two random streams, so per run the accepted depth per step is compared instead, vLLM's counters against
+    generate's records (``compare_depths``, one line per concurrency). Writes tree_tiny.json and tree_tiny.txt."""
     import torch
 
     from treewy.decode import generate
@@ -541,20 +640,25 @@ def cmd_tree_tiny(args) -> int:
     model_dir = str(export_vllm(ROOT / "treewy/models/tiny", "/tmp/tiny-vllm", overwrite=True))
     prompts = heldout_prompts(args.prompts, args.prompt_len, seed=0)
     trees = [tuple(int(w) for w in t.split(",")) for t in args.trees]
+    sampled = args.temperature > 0
     report = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(0), "prompts": prompts,
-              "new_tokens": args.new_tokens, "drafter": args.drafter, "runs": [], "lines": []}
+              "new_tokens": args.new_tokens, "drafter": args.drafter, "temperature": args.temperature,
+              "seed": args.seed if sampled else None, "runs": [], "lines": []}
     env_extra = {"TREEWY_FP32_PREFILL": "1", "TRITON_F32_DEFAULT": "ieee"}   # fp32: equal up to real near-ties
+    sampling = {"temperature": args.temperature, "seed": args.seed} if sampled else {}
     model = load("tiny", dtype=torch.float32, device="cuda")
     for tree in trees:
         for mode in args.modes:
-            ref = [list(map(int, t)) for t in generate(model, prompts, drafter=args.drafter, tree=tree, commit=mode,
-                                                        max_new_tokens=args.new_tokens).tokens]
+            ref = generate(model, prompts, drafter=args.drafter, tree=tree, commit=mode,
+                           max_new_tokens=args.new_tokens, **sampling)
+            ref_tokens = [list(map(int, t)) for t in ref.tokens]
             opts = ServeOptions(model=model_dir, mode=mode, gmu=0.3, max_num_seqs=max(args.concurrency),
                                 port=args.port, max_model_len=2048, served_model_name="tiny", tree=tree,
                                 drafter=args.drafter,
                                 num_speculative_tokens=DraftTree.from_widths(tree).num_nodes - 1,
                                 extra_args=VLLM_026_ARGS + ["--dtype", "float32"])
             run = {"tree": list(tree), "mode": mode, "phases": {}}
+            head = f"{mode} tree {tree} {args.drafter}"
             try:
                 argv, env = build_command(opts)
                 tag = f"{mode}_{'-'.join(map(str, tree))}"
@@ -564,24 +668,37 @@ def cmd_tree_tiny(args) -> int:
                     for c in args.concurrency:
                         before = counters(opts.base_url)
                         with ThreadPoolExecutor(c) as ex:
-                            outs = list(ex.map(lambda q: complete(opts.base_url, "tiny", q, args.new_tokens), prompts))
-                        equal = sum(a == b[:len(a)] for a, b in zip(outs, ref))
-                        run["phases"][f"c{c}"] = {"outputs": outs, "equal": equal,
-                                                  "counters": delta(before, counters(opts.base_url))}
-                        report["lines"].append(f"{mode} tree {tree} {args.drafter} c{c}: {equal}/{len(ref)} equal to "
-                                               "treewy.decode.generate")
+                            if sampled:
+                                outs = list(ex.map(lambda i: complete_seeded(
+                                    opts.base_url, "tiny", prompts[i], args.new_tokens, args.temperature,
+                                    args.seed + i), range(len(prompts))))
+                            else:
+                                outs = list(ex.map(lambda q: complete(opts.base_url, "tiny", q, args.new_tokens),
+                                                   prompts))
+                        phase = {"outputs": outs, "counters": delta(before, counters(opts.base_url))}
+                        if sampled:
+                            phase["depths"] = compare_depths(served_depth_counts(phase["counters"], len(tree)),
+                                                             engine_depth_counts(ref.steps, len(tree)))
+                            line = f"{head} c{c} temperature {args.temperature:g}: {depth_line(phase['depths'])}"
+                        else:
+                            phase["equal"] = sum(a == b[:len(a)] for a, b in zip(outs, ref_tokens))
+                            line = f"{head} c{c}: {phase['equal']}/{len(ref_tokens)} equal to treewy.decode.generate"
+                        run["phases"][f"c{c}"] = phase
+                        report["lines"].append(line)
             except Exception as e:  # noqa: BLE001 - recorded, the other runs go on
                 run["error"] = f"{type(e).__name__}: {e}"
-                report["lines"].append(f"{mode} tree {tree} {args.drafter}: FAILED ({run['error']})")
+                report["lines"].append(f"{head}: FAILED ({run['error']})")
             log(report["lines"][-1])
             report["runs"].append(run)
             (out / "tree_tiny.json").write_text(json.dumps(report))
+    how = (f"temperature {args.temperature:g}, request i seeded {args.seed} + i, generate seeded {args.seed}"
+           if sampled else "temperature 0")
     (out / "tree_tiny.txt").write_text("\n".join([f"tree-tiny {report['date']} on {report['device']}, "
                                                    f"{len(prompts)} prompts x {args.new_tokens} new tokens, fp32, "
-                                                   "temperature 0", *report["lines"]]) + "\n")
+                                                   f"{how}", *report["lines"]]) + "\n")
     print("\n".join(report["lines"]))
-    ok = all("error" not in r and all(p["equal"] == len(prompts) for p in r["phases"].values())
-             for r in report["runs"])
+    ok = all("error" not in r and all(p["depths"]["matches"] if sampled else p["equal"] == len(prompts)
+                                      for p in r["phases"].values()) for r in report["runs"])
     return 0 if ok else 1
 
 
@@ -663,6 +780,10 @@ def main(argv=None) -> int:
     tt.add_argument("--port", type=int, default=8051)
     tt.add_argument("--drafter", default="mtp", choices=("mtp", "ngram"),
                     help="the served drafter (vLLM's mtp or ngram method) and the reference's")
+    tt.add_argument("--temperature", type=_temperature, default=0.0,
+                    help="0: outputs equal to generate's; above 0: sampled, accepted depths compared statistically")
+    tt.add_argument("--seed", type=_seed, default=0,
+                    help="at --temperature > 0: request i's vLLM seed is this + i, generate's seed is this")
     c = sub.add_parser("compare")
     c.add_argument("--out", required=True, help="the merged report (json)")
     c.add_argument("reports", nargs="+")

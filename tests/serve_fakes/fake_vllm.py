@@ -11,11 +11,13 @@ Speculation: without a synthetic sampler each step accepts REAL_RATES' worth of 
 k = 3, deterministic). With vLLM 0.26's --speculative-config keys "rejection_sample_method": "synthetic" and
 "synthetic_acceptance_rates" (validated as vLLM does) each step draws its drafts as vLLM's sampler does: draft i is
 accepted when a uniform draw is below a_i / a_(i-1), stopping at the first rejection; the draws of a request are
-seeded by its prompt, so a run's counters are reproducible.
+seeded by its prompt (and its ``seed`` sampling parameter, when sent), so a run's counters are reproducible.
+A /v1/completions body with ``return_token_ids`` and no ``stream`` gets one JSON reply with ``token_ids`` (0..n - 1).
 
 Knobs (environment): FAKE_VLLM_DIE_AFTER=N (the server exits after its N-th completion request),
 FAKE_VLLM_FAIL_START=1 (the server exits at once), FAKE_VLLM_CALL_LOG=path (one line per bench run),
-FAKE_VLLM_REQUEST_LOG=path (one line per completion request: its prompt length, max_tokens and stream flag),
+FAKE_VLLM_REQUEST_LOG=path (one line per completion request: its prompt length, max_tokens, stream flag, temperature
+and seed),
 FAKE_VLLM_ACCEPT_SCALE=x (a faulty synthetic sampler: every conditional rate times x).
 TREEWY_MODE=reconstruct makes the fake KV pool 2.4x roomier per request, like the plugin.
 A served tree (TREEWY_TREE=W1,W2,..., k = its N drafts) accepts at most its depth D drafts per step, at
@@ -145,7 +147,8 @@ def serve(argv: list[str]) -> int:
                 prompt = body.get("prompt")
                 with st.lock, open(os.environ["FAKE_VLLM_REQUEST_LOG"], "a") as f:
                     f.write(json.dumps({"prompt_len": len(prompt) if isinstance(prompt, list) else None,
-                                        "max_tokens": body.get("max_tokens"), "stream": body.get("stream")}) + "\n")
+                                        "max_tokens": body.get("max_tokens"), "stream": body.get("stream"),
+                                        "temperature": body.get("temperature"), "seed": body.get("seed")}) + "\n")
             with st.lock:
                 st.completions += 1
                 if die_after and st.completions >= die_after:
@@ -156,6 +159,16 @@ def serve(argv: list[str]) -> int:
                     st.preemptions += 1
             try:
                 n = int(body.get("max_tokens", 16))
+                draws = str(body.get("prompt")) + ("" if body.get("seed") is None else f"|{body['seed']}")
+                if body.get("return_token_ids") and not body.get("stream"):
+                    # one JSON reply with the token ids, at once (nothing streamed to pace), counted before it is
+                    # sent so that a scrape after the reply sees this request's steps
+                    with st.lock:
+                        speculate(st, n, draws)
+                    choice = {"index": 0, "text": " tok" * n, "token_ids": list(range(n)), "finish_reason": "length"}
+                    self._send(200, json.dumps({"id": "cmpl-fake", "object": "text_completion", "model": name,
+                                                "choices": [choice]}).encode())
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
@@ -175,7 +188,7 @@ def serve(argv: list[str]) -> int:
                 chunk("[DONE]")
                 self.wfile.write(b"0\r\n\r\n")
                 with st.lock:
-                    speculate(st, n, str(body.get("prompt")))
+                    speculate(st, n, draws)
             finally:
                 with st.lock:
                     st.running -= 1
