@@ -131,14 +131,19 @@ def test_bad_gmu_tp_and_dtype_are_rejected():
         ModelSpec.from_name(M35).gdn_state_bytes("int8")
 
 
-def test_layout_matches_vllms_own_capacity_on_the_h200():
+def test_layout_matches_vllms_own_capacity_on_the_h200(monkeypatch):
     """vLLM 0.26 logged its pool for Qwen3.5-35B-A3B (dummy weights, gmu 0.9, eager, max len 8192) in both
     modes on an H200 (benchmarks/results/vllm_h200_2026-11-30/capacity_35b_gmu0.9_*.log): the attention
-    block size it chose and its maximum concurrency. The memory model reproduces both."""
+    block size it chose and its maximum concurrency. The memory model reproduces both, for the page that run
+    served (the stash's keys and decays in one half: ``reconstruct_stash_bytes(halves=1)``)."""
     import re
+    from functools import partialmethod
     from pathlib import Path
 
     from treewy.memory import ServerConfig, paging
+
+    one_half = partialmethod(ModelSpec.reconstruct_stash_bytes, halves=1)
+    monkeypatch.setattr(ModelSpec, "reconstruct_stash_bytes", one_half)
 
     logs = Path(__file__).parents[1] / "benchmarks/results/vllm_h200_2026-11-30"
     for mode in ("store_all", "reconstruct"):

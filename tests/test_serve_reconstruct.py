@@ -154,5 +154,11 @@ def test_pack_unpack_round_trip():
 
 def test_empty_pools_have_the_stash_layout():
     p = ReconstructPools.empty(3, H=H, HV=HV, K=K, V=V, max_nodes=T)
-    assert p.u.shape == (3, T, HV, V) and p.k.shape == (3, T, H, K) and p.g.shape == (3, T, HV)
+    assert p.u.shape == (3, T, HV, V) and p.k.shape == (3, 2, T, H, K) and p.g.shape == (3, 2, T, HV)
     assert p.meta.shape == (3, 1) and p.meta.dtype == torch.int32 and p.max_nodes == T
+
+
+@pytest.mark.parametrize("max_nodes", [0, 256])
+def test_a_window_the_meta_word_cannot_hold_is_refused(max_nodes):
+    with pytest.raises(ValueError, match=rf"max_nodes = {max_nodes}: the meta word holds lengths 1 to 255"):
+        stash_layout(H=H, HV=HV, K=K, V=V, max_nodes=max_nodes)

@@ -3,8 +3,11 @@
 Claims, on random packed batches with awkward sizes (GVA 3, head dims that are no powers of two, ragged windows and
 empty ones, padding rows on slots 0 and -1, pools laid out as vLLM lays out a Mamba page over NaN garbage):
 - over several steps (each folding the previous window's accepted node) the outputs, the committed states and the
-  stash u / g are within the fp32 bound of the fp64 twin, the stashed keys are the raw keys exactly, and the stash
-  length is the window's (no count left in the meta word); the NULL block's state is never written;
+  stash u / g are within the fp32 bound of the fp64 twin, the stashed keys are the raw keys exactly, and the meta
+  word is the twin's (length and half, no count left); the NULL block's state is never written;
+- the keys and decays alternate between the stash's two halves step by step, as rows join, idle, flush, carry no
+  tokens and pad (the twins run on copies of the pools: an fp32 twin on the kernel's own tensors would bound the
+  kernel by itself);
 - the raw gates give what ``gdn_gating``'s gates give;
 - a flush commits the accepted node without a host sync, and leaves padding and idle slots as they are;
 - the whole spec step is one kernel launch and no torch op that would launch device work (it was 59 + 1).
@@ -19,6 +22,7 @@ import torch
 
 from treewy.ops.gates import gdn_gating
 from treewy.serve.reconstruct import (
+    LEN_BITS,
     ReconstructPools,
     flush_slots,
     naive_flush_slots,
@@ -33,12 +37,14 @@ from treewy.testing import assert_close_fp32 as close
 
 H, HV, K, V, T = 2, 6, 12, 10, 4
 SLOTS = 8
+DIMS = dict(H=H, HV=HV, K=K, V=V)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def page_pools(num_blocks=SLOTS):
+def page_pools(num_blocks=SLOTS, dims=DIMS):
     """Pools as strided views of one NaN-filled buffer, one page per slot (vLLM's layout), meta zeroed."""
-    shapes, dtypes = stash_layout(H=H, HV=HV, K=K, V=V, max_nodes=T)
+    HV, V, K = dims["HV"], dims["V"], dims["K"]
+    shapes, dtypes = stash_layout(**dims, max_nodes=T)
     shapes, dtypes = ((HV, V, K), *shapes), (torch.float32, *dtypes)
     sizes = [torch.Size(s).numel() * 4 for s in shapes]             # every part is 4-byte
     page = sum(sizes)
@@ -55,13 +61,13 @@ def page_pools(num_blocks=SLOTS):
 
 
 def as_dtype(pools, dtype):
-    return ReconstructPools(*(x.to(dtype) if x.is_floating_point() else x.clone()
+    return ReconstructPools(*(x.to(dtype, copy=True) if x.is_floating_point() else x.clone()
                               for x in (pools.state, pools.u, pools.k, pools.g, pools.meta)))
 
 
-def batch(gen, lens, slots):
+def batch(gen, lens, slots, dims=DIMS):
     """A packed step: q, k, v, raw gates (a, b with two rows of padding past N, as vLLM hands them over)."""
-    N = sum(lens)
+    N, H, HV, K, V = sum(lens), dims["H"], dims["HV"], dims["K"], dims["V"]
     r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     cu = torch.tensor([0, *torch.cumsum(torch.tensor(lens), 0).tolist()], dtype=torch.int32)
     x = dict(q=r(N, H, K), k=r(N, H, K), v=r(N, HV, V), A_log=r(HV) * 0.5, a=r(N + 2, HV) * 2, b=r(N + 2, HV),
@@ -98,17 +104,55 @@ def test_spec_steps_match_the_loop_twin(gated):
         real = ~torch.isnan(ro[torch.float64][:, 0, 0])
         assert int(real.sum()) == sum(n for n, s in zip(lens, slots.tolist()) if s > 0)
         close(f"step {step}: outputs", o[real].cpu(), ro[torch.float64][real].cpu(), ro[torch.float32][real].cpu())
-        for s in sorted({int(s) for s in slots if s > 0}):
-            L = int(refs[torch.float64].meta[s, 0])
-            assert int(pools.meta[s, 0]) == L, f"step {step}: slot {s}: stash length"
-            close(f"step {step}: state of slot {s}", pools.state[s].cpu(), *(r.state[s].cpu() for r in refs.values()))
-            if L:
-                close(f"step {step}: stash u of slot {s}", pools.u[s, :L].cpu(),
-                      *(r.u[s, :L].cpu() for r in refs.values()))
-                close(f"step {step}: stash g of slot {s}", pools.g[s, :L].cpu(),
-                      *(r.g[s, :L].cpu() for r in refs.values()))
-                assert torch.equal(pools.k[s, :L], refs[torch.float32].k[s, :L]), f"step {step}: stashed keys"
+        check_slots(f"step {step}", pools, refs, {int(s) for s in slots if s > 0})
         assert torch.equal(pools.state[0].view(torch.int32), null_state.view(torch.int32)), "NULL block written"
+
+
+def check_slots(what, pools, refs, slots):
+    """The states and pending windows of these slots against the twins': the meta word exactly (length, half, no
+    count left), u / g within the fp32 bound, the raw keys exactly."""
+    for s in sorted(slots):
+        assert int(pools.meta[s, 0]) == int(refs[torch.float64].meta[s, 0]), f"{what}: slot {s}: meta word"
+        close(f"{what}: state of slot {s}", pools.state[s].cpu(), *(r.state[s].cpu() for r in refs.values()))
+        L, u, k, g = pools.pending_window(s)
+        if L:
+            twins = [r.pending_window(s) for r in refs.values()]
+            close(f"{what}: stash u of slot {s}", u.cpu(), *(w[1].cpu() for w in twins))
+            close(f"{what}: stash g of slot {s}", g.cpu(), *(w[3].cpu() for w in twins))
+            assert torch.equal(k, twins[1][2]), f"{what}: stashed keys of slot {s}"
+
+
+def test_stash_halves_alternate_over_steps_as_rows_join_flush_and_pad():
+    """Four steps and a flush at K = 48, V = 40, HV = 3H (15 programs per key head, the last three with no key
+    share): each row's window goes to the half its meta word does not name, rows join fresh or after a flush (half
+    0 again), sit idle with a window pending, carry no tokens (a fold, and nothing pending after), pad on 0 and -1."""
+    dims = dict(H=1, HV=3, K=48, V=40)
+    gen = torch.Generator().manual_seed(13)
+    pools = page_pools(dims=dims)
+    steps = [([4, 3, 0], [1, 2, 0], [1, 1, 1]),       # fresh: both windows to half 1
+             ([2, 3, 0], [1, 3, -1], [3, 1, 1]),      # 1 folds half 1 and writes half 0; 3 joins; 2 idles
+             "flush",                                 # 2 flushed at node 1; 4 has nothing pending
+             ([3, 0, 2], [2, 1, 3], [1, 2, 3]),       # 2 fresh again; 1 carries no tokens; 3 back to half 0
+             ([1, 4, 2], [1, 3, 2], [1, 2, 3])]
+    halves = []
+    for step, spec in enumerate(steps):
+        if spec == "flush":
+            flush = torch.tensor([2, 0, 4, -1], dtype=torch.int32, device=DEVICE)
+            refs = {dt: as_dtype(pools, dt) for dt in (torch.float64, torch.float32)}
+            for dt, p in refs.items():
+                naive_flush_slots(p, flush, 1, dtype=dt)
+            flush_slots(pools, flush, 1)
+        else:
+            lens, slots, acc = spec
+            x, cu, slots = batch(gen, lens, slots, dims)
+            o, ro, refs = run_step(pools, x, cu, slots, torch.tensor(acc, device=DEVICE), gated=True)
+            real = ~torch.isnan(ro[torch.float64][:, 0, 0])
+            close(f"step {step}: outputs", o[real].cpu(), ro[torch.float64][real].cpu(),
+                  ro[torch.float32][real].cpu())
+        check_slots(f"step {step}", pools, refs, range(1, SLOTS))
+        halves.append([(w >> LEN_BITS, w & ((1 << LEN_BITS) - 1)) for w in pools.meta[1:4, 0].tolist()])
+    assert halves == [[(1, 4), (1, 3), (0, 0)], [(0, 2), (1, 3), (1, 3)], [(0, 2), (0, 0), (1, 3)],
+                      [(0, 0), (1, 3), (0, 2)], [(1, 1), (0, 2), (1, 4)]], halves     # (half, length) of slots 1-3
 
 
 @pytest.mark.parametrize("accepted", [0, 2])
@@ -149,7 +193,8 @@ def test_vllm_spec_update_takes_vllm_arguments():
                                inplace_final_state=True)
     ref = spec_step_gated(twin, slots, acc, x["q"], x["k"], x["v"], x["A_log"], x["a"], x["b"], x["dt_bias"], cu)
     assert none is None and o.shape == (1, 5, HV, V)
-    assert torch.equal(o[0], ref) and torch.equal(pools.u[1, :2], twin.u[1, :2]) and torch.equal(pools.meta, twin.meta)
+    assert torch.equal(o[0], ref) and torch.equal(pools.meta, twin.meta)
+    assert all(torch.equal(x, y) for x, y in zip(pools.pending_window(1)[1:], twin.pending_window(1)[1:]))
 
 
 def test_spec_step_is_one_launch_and_no_torch_op(monkeypatch):

@@ -14,11 +14,16 @@ Pools (per GDN layer; slots are the engine's block ids; slot 0 is vLLM's NULL bl
 rows, whose state is read but never written):
 
     state   [slots, HV, V, K]       committed recurrent state (fp32 for Qwen3.5)
-    u       [slots, T, HV, V] fp32  the pending window's pseudo-values
-    k       [slots, T, H, K]  fp32  its raw keys (normalized in the kernel, as vLLM's kernels do)
-    g       [slots, T, HV]    fp32  its log decays
-    meta    [slots, 1]        int32 its length; 0 = nothing pending (during a launch its high bits count the
-                                    programs that have read the stash: see chain_spec_step_kernel)
+    u       [slots, T, HV, V]    fp32  the pending window's pseudo-values
+    k       [slots, 2, T, H, K]  fp32  its raw keys (normalized in the kernel, as vLLM's kernels do), in one half
+    g       [slots, 2, T, HV]    fp32  its log decays, in the same half
+    meta    [slots, 1]           int32 its length (low LEN_BITS bits) and, in bit LEN_BITS, its half; 0 = nothing
+                                       pending (during a launch the bits above count the programs that have read
+                                       it: see chain_spec_step_kernel)
+
+Keys and decays have two halves so that a step's programs can write the new window while they all still read
+the pending one (the other half); u needs none: each program reads and writes only its own tile. A tree window
+(``tree_plugin``) always lives in half 0, whose meta word is its plain length.
 
 Each tensor may be a strided view of a per-slot page (vLLM's layout: slot stride = page size), as
 long as each slot's part is contiguous.
@@ -37,6 +42,8 @@ from dataclasses import dataclass
 
 import torch
 
+#: Bits of the meta word that hold the pending window's length; the next bit says which half holds it.
+LEN_BITS = 8
 
 
 @dataclass
@@ -60,11 +67,29 @@ class ReconstructPools:
     def max_nodes(self) -> int:
         return self.u.shape[1]
 
+    def pending_window(self, s: int):
+        """(length, u [L, HV, V], k [L, H, K], g [L, HV]): slot s's pending window, read on the host."""
+        L, half = meta_fields(int(self.meta[s, 0]))
+        return L, self.u[s, :L], self.k[s, half, :L], self.g[s, half, :L]
+
+
+def meta_fields(word: int) -> tuple[int, int]:
+    """(length, half) of a meta word at rest."""
+    return word & ((1 << LEN_BITS) - 1), (word >> LEN_BITS) & 1
+
+
+def meta_word(length: int, half: int) -> int:
+    """The meta word of a window of ``length`` nodes in ``half``; 0 for none, whichever half."""
+    return length | (half << LEN_BITS) if length else 0
+
 
 def stash_layout(*, H: int, HV: int, K: int, V: int, max_nodes: int):
-    """(shapes, dtypes) per slot of the stash tensors u, k, g, meta: what the plugin appends to vLLM's page."""
+    """(shapes, dtypes) per slot of the stash tensors u, k, g, meta: what the plugin appends to vLLM's page (keys and
+    decays in two halves: see the module docstring)."""
     T = max_nodes
-    return ((T, HV, V), (T, H, K), (T, HV), (1,)), (torch.float32, torch.float32, torch.float32, torch.int32)
+    if not 0 < T < 1 << LEN_BITS:
+        raise ValueError(f"max_nodes = {T}: the meta word holds lengths 1 to {(1 << LEN_BITS) - 1}: serve fewer drafts")
+    return ((T, HV, V), (2, T, H, K), (2, T, HV), (1,)), (torch.float32, torch.float32, torch.float32, torch.int32)
 
 
 def pack_index(cu_seqlens: torch.Tensor, B: int, T: int):
@@ -97,7 +122,7 @@ def _launch_inputs(pools: ReconstructPools, slots, num_accepted, q, k, v, cu_seq
     if cu_seqlens.shape[0] < B + 1:
         raise ValueError(f"cu_seqlens has {cu_seqlens.shape[0]} entries for {B} slots: expected B + 1 = {B + 1} "
                          "(pass the spec rows' query_start_loc[:B + 1])")
-    HV, H = pools.state.shape[1], pools.k.shape[2]
+    HV, H = pools.state.shape[1], pools.k.shape[-2]
     if v.shape[-2] != HV or k.shape[-2] != H:
         raise ValueError(f"the window has {k.shape[-2]} key / {v.shape[-2]} value heads, the pools {H} / {HV}: under "
                          "tensor parallelism a rank's pages hold that rank's heads only (plugin.page_layout with the "
@@ -123,7 +148,8 @@ def spec_step(pools: ReconstructPools, slots: torch.Tensor, num_accepted: torch.
 
     q, k, v, cu, slots, acc, scale = _launch_inputs(pools, slots, num_accepted, q, k, v, cu_seqlens, scale)
     return chain_spec_step_fwd(q, k, v, g.contiguous(), beta.contiguous(), None, None, cu, slots, acc, pools.state,
-                               pools.u, pools.k, pools.g, pools.meta, scale, use_qk_l2norm_in_kernel, config=config)
+                               pools.u, pools.k, pools.g, pools.meta, scale, use_qk_l2norm_in_kernel, len_bits=LEN_BITS,
+                               config=config)
 
 
 def spec_step_gated(pools: ReconstructPools, slots: torch.Tensor, num_accepted: torch.Tensor, q, k, v, A_log, a, b,
@@ -138,7 +164,8 @@ def spec_step_gated(pools: ReconstructPools, slots: torch.Tensor, num_accepted: 
     q, k, v, cu, slots, acc, scale = _launch_inputs(pools, slots, num_accepted, q, k, v, cu_seqlens, scale)
     return chain_spec_step_fwd(q, k, v, a.contiguous(), b.contiguous(), A_log.contiguous(), dt_bias.contiguous(), cu,
                                slots, acc, pools.state, pools.u, pools.k, pools.g, pools.meta, scale,
-                               use_qk_l2norm_in_kernel, softplus_threshold=softplus_threshold, config=config)
+                               use_qk_l2norm_in_kernel, len_bits=LEN_BITS, softplus_threshold=softplus_threshold,
+                               config=config)
 
 
 def vllm_spec_update(pools: ReconstructPools, *, A_log, a, b, dt_bias, q, k, v, cu_seqlens, ssm_state_indices,
@@ -163,7 +190,8 @@ def flush_slots(pools: ReconstructPools, slots: torch.Tensor, accepted: int = 0,
     from treewy.ops.verify.chain import chain_spec_step_fwd
 
     chain_spec_step_fwd(None, None, None, None, None, None, None, None, slots.to(torch.int32), None, pools.state,
-                        pools.u, pools.k, pools.g, pools.meta, 1.0, use_qk_l2norm_in_kernel, accepted=accepted)
+                        pools.u, pools.k, pools.g, pools.meta, 1.0, use_qk_l2norm_in_kernel, len_bits=LEN_BITS,
+                        accepted=accepted)
 
 
 def naive_spec_step(pools: ReconstructPools, slots, num_accepted, q, k, v, g, beta, cu_seqlens, *,
@@ -181,9 +209,9 @@ def naive_spec_step(pools: ReconstructPools, slots, num_accepted, q, k, v, g, be
         s, L = int(slots[b]), int(lens[b])
         if s <= 0:
             continue
-        pending = int(pools.meta[s, 0]) > 0
-        if pending:
-            _commit(pools, s, int(num_accepted[b]) - 1, use_qk_l2norm_in_kernel, dtype)
+        n_pend, half = meta_fields(int(pools.meta[s, 0]))
+        if n_pend:
+            _commit(pools, s, half, int(num_accepted[b]) - 1, use_qk_l2norm_in_kernel, dtype)
         S = pools.state[s].to(dtype)
         for t in range(L):
             j = int(src[b, t])
@@ -194,9 +222,9 @@ def naive_spec_step(pools: ReconstructPools, slots, num_accepted, q, k, v, g, be
             S = S + u[:, :, None] * kt[:, None, :]
             o[j] = torch.einsum("hvk,hk->hv", S, qt)
             pools.u[s, t] = u.to(pools.u.dtype)
-            pools.k[s, t] = k[j].to(pools.k.dtype)
-            pools.g[s, t] = g[j].to(pools.g.dtype)
-        pools.meta[s, 0] = L
+            pools.k[s, 1 - half, t] = k[j].to(pools.k.dtype)
+            pools.g[s, 1 - half, t] = g[j].to(pools.g.dtype)
+        pools.meta[s, 0] = meta_word(L, 1 - half)
     return o
 
 
@@ -216,18 +244,20 @@ def naive_flush_slots(pools: ReconstructPools, slots, accepted: int = 0, *, use_
                       dtype=torch.float64) -> None:
     """Reference of ``flush_slots``: each slot > 0 with a pending window commits node ``accepted`` in ``dtype``."""
     for s in (int(x) for x in slots):
-        if s > 0 and int(pools.meta[s, 0]) > 0:
-            _commit(pools, s, accepted, use_qk_l2norm_in_kernel, dtype)
+        n_pend, half = meta_fields(int(pools.meta[s, 0])) if s > 0 else (0, 0)
+        if n_pend:
+            _commit(pools, s, half, accepted, use_qk_l2norm_in_kernel, dtype)
             pools.meta[s, 0] = 0
 
 
-def _commit(pools: ReconstructPools, s: int, a: int, use_qk_l2norm_in_kernel: bool, dtype) -> None:
-    """state[s] <- exp(G_a) S0 + sum_{i <= a} exp(G_a - G_i) u_i k_i^T over slot s's stash (a < 0: unchanged)."""
+def _commit(pools: ReconstructPools, s: int, half: int, a: int, use_qk_l2norm_in_kernel: bool, dtype) -> None:
+    """state[s] <- exp(G_a) S0 + sum_{i <= a} exp(G_a - G_i) u_i k_i^T over slot s's stash, its keys and decays in
+    ``half`` (a < 0: unchanged)."""
     if a < 0:
         return
-    HV, H = pools.u.shape[2], pools.k.shape[2]
-    u, g = pools.u[s, : a + 1].to(dtype), pools.g[s, : a + 1].to(dtype)
-    k = pools.k[s, : a + 1].to(dtype)
+    HV, H = pools.u.shape[2], pools.k.shape[-2]
+    u, g = pools.u[s, : a + 1].to(dtype), pools.g[s, half, : a + 1].to(dtype)
+    k = pools.k[s, half, : a + 1].to(dtype)
     k = (_l2norm(k) if use_qk_l2norm_in_kernel else k).repeat_interleave(HV // H, 1)    # [a + 1, HV, K]
     G = g.cumsum(0)
     S = G[-1].exp()[:, None, None] * pools.state[s].to(dtype)

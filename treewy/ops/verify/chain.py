@@ -14,7 +14,9 @@ and no state (the commit stays pending).
 ``chain_spec_step_kernel``: the same program on a serving engine's pool, the whole GDN spec step in one launch
 (``treewy.serve.reconstruct.spec_step``): it reads the packed (varlen) window by cu_seqlens and, with RAW_GATES,
 the layer's raw gates; it finds each row's pending node from the slot's stash length and vLLM's accepted count,
-and writes the new window's stash (u, k, g, length) into the slot itself.
+and writes the new window's stash (u, k, g, length) into the slot itself, the keys and decays into the half of the
+slot's double buffer that the pending window does not hold (parity with the loop twins under the interpreter; not
+yet run on a GPU in that layout).
 """
 
 from __future__ import annotations
@@ -124,14 +126,6 @@ def chain_fwd(q, k, v, g, beta, state, num_nodes, pending, scale, use_qk_l2norm_
     return o, u
 
 
-#: The slot's stash length lives in the low bits of its meta word; during a launch the high bits count the programs
-#: of the row that have read the stash (``chain_spec_step_kernel``), and are 0 again when it ends.
-LEN_BITS = 8
-#: Elements of the window's keys the row's last program copies into the stash per pass: 512 keeps the kernel at the
-#: registers it needs anyway (72 on sm_90, Triton 3.9, benchmarks/compile_offline.py's compiler; 79 at 1024).
-STASH_COPY = 512
-
-
 @triton.jit(do_not_specialize=["PT", "stride_slots", "stride_s", "stride_pu", "stride_pk", "stride_pg", "stride_meta",
                                "accepted"])
 def chain_spec_step_kernel(
@@ -139,17 +133,20 @@ def chain_spec_step_kernel(
     stride_slots, stride_s, stride_pu, stride_pk, stride_pg, stride_meta, scale, softplus_threshold, accepted, PT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     BPT: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr, RAW_GATES: tl.constexpr, HAS_TOKENS: tl.constexpr,
-    FOLD_ROWS: tl.constexpr, LEN_BITS: tl.constexpr, STASH_COPY: tl.constexpr,
+    FOLD_ROWS: tl.constexpr, LEN_BITS: tl.constexpr, KEY_SHARE: tl.constexpr, BKS: tl.constexpr,
 ):
     """Row i_b of a spec step: tokens cu_seqlens[i_b]:cu_seqlens[i_b + 1] of the packed q, k, v [N, heads, dim],
     its state and stash in pool slot slots[i_b] (any stride: a column of vLLM's state indices; <= 0: a padding row,
-    which does nothing, as in vLLM's store-all kernel). Pending node: num_accepted[i_b] - 1 (without HAS_TOKENS: ``accepted``, and no window: a flush) where
-    the slot's stash length is > 0, else none.
+    which does nothing, as in vLLM's store-all kernel). Pending node: num_accepted[i_b] - 1 (without HAS_TOKENS:
+    ``accepted``, and no window: a flush) where the slot's stash length is > 0, else none.
 
-    The stash is read by all of the row's programs (keys by every value tile of a key head) and overwritten with the
-    new window, so only the row's last program to have read it writes the keys, the decays and the length: each
-    program adds 1 << LEN_BITS to the meta word once it has folded, and the one that sees every other count there
-    writes (the length store clears the count). Each program writes its own u tile, which no other program reads.
+    The slot's meta word holds the pending window's length (low LEN_BITS bits) and, in the bit above, which half of
+    the double-buffered keys pk [2, PT, H, K] and decays pg [2, PT, HV] holds it. Every program reads that half and
+    writes its share of the new window into the other one, which nobody reads during the launch: per token, the
+    key head's KEY_SHARE-wide slice j (j = the program's rank among the value tiles and heads of its key head) and
+    the decay of its value head where t % (V / BV) == i_v. Only the meta word is shared: each program counts itself
+    in its high bits once it has read it, and the one that sees every other count there writes the new length and
+    half (which clears the count). Each program writes its own u tile, which no other program reads.
     """
     i_v, i_b, i_b64, i_hv, i_h = _program(H, HV)
     i_s = tl.load(slots + i_b * stride_slots).to(tl.int64)
@@ -164,12 +161,15 @@ def chain_spec_step_kernel(
         n_b = 0
         a = accepted
     p_meta = meta + i_s * stride_meta
-    n_pend = tl.load(p_meta) & ((1 << LEN_BITS) - 1)
+    w_meta = tl.load(p_meta)
+    n_pend = w_meta & ((1 << LEN_BITS) - 1)
     if n_pend == 0:
         if n_b == 0:
             return
     a = tl.where(n_pend > 0, a, -1)
-    h0, pu, pk, pg = h0 + i_s * stride_s, pu + i_s * stride_pu, pk + i_s * stride_pk, pg + i_s * stride_pg
+    half = (w_meta >> LEN_BITS) & 1
+    h0, pu = h0 + i_s * stride_s, pu + i_s * stride_pu
+    p_k, p_g = pk + i_s * stride_pk + half * PT * H * K, pg + i_s * stride_pg + half * PT * HV
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
@@ -177,16 +177,16 @@ def chain_spec_step_kernel(
     p_h = h0 + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
     m_h = m_v[:, None] & m_k[None, :]
     b_h = tl.load(p_h, mask=m_h, other=0).to(tl.float32)
-    o_p, rank, n_path, b_C, b_w = _chain_pending_path(a, i_hv, pg, PT, HV, BPT)
-    b_w = b_w * _pending_key_scale(0, i_h, pk, o_p, rank, PT, H, K, BPT, USE_QK_L2NORM_IN_KERNEL)
-    b_h = _fold_tile(b_h, 0, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, o_p, rank, n_path, b_C, b_w, PT,
+    # counted once this program has read the meta word (the branch above needs its value), so the last to count
+    # writes it after every read; relaxed: it waits for no other access and goes out while the state tile loads
+    seen = tl.atomic_add(p_meta, 1 << (LEN_BITS + 1), sem="relaxed") >> (LEN_BITS + 1)
+    o_p, rank, n_path, b_C, b_w = _chain_pending_path(a, i_hv, p_g, PT, HV, BPT)
+    b_w = b_w * _pending_key_scale(0, i_h, p_k, o_p, rank, PT, H, K, BPT, USE_QK_L2NORM_IN_KERNEL)
+    b_h = _fold_tile(b_h, 0, i_hv, i_h, o_v, m_v, o_k, m_k, pu, p_k, o_p, rank, n_path, b_C, b_w, PT,
                      H, HV, K, V, FOLD_ROWS, False).to(p_h.dtype.element_ty)
     if a >= 0:
         tl.store(p_h, b_h, mask=m_h)
     b_h = b_h.to(tl.float32)  # verify from exactly the state that is stored
-    tl.debug_barrier()
-    seen = tl.atomic_add(p_meta, 1 << LEN_BITS, sem="acq_rel") >> LEN_BITS
-    last = seen == tl.num_programs(0) * HV - 1
 
     for t in range(0, n_b):
         i_row = bos + t
@@ -197,40 +197,52 @@ def chain_spec_step_kernel(
         tl.store(pu + (t * HV + i_hv) * V + o_v, b_u, mask=m_v)
         tl.store(o + (i_row * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
 
-    if last:
-        # the window's raw keys and decays: [n_b, H, K] and [n_b, HV], laid out as in the packed inputs
-        o_c = tl.arange(0, STASH_COPY)
-        for c in range(0, n_b * H * K, STASH_COPY):
-            m_c = c + o_c < n_b * H * K
-            tl.store(pk + c + o_c, tl.load(k + bos * H * K + c + o_c, mask=m_c, other=0).to(tl.float32), mask=m_c)
-        for c in range(0, n_b * HV, STASH_COPY):
-            i_c = c + o_c
-            m_c = i_c < n_b * HV
-            b_g, _ = _gates(g, beta, A_log, dt_bias, bos * HV + i_c, i_c % HV, m_c, softplus_threshold, RAW_GATES)
-            tl.store(pg + i_c, b_g, mask=m_c)
-        tl.store(p_meta, n_b)
+    if HAS_TOKENS:
+        # this program's share of the window's raw keys and decays, from lines the node loop has just read: after
+        # the loop, as in it they held registers through the recurrence (benchmarks/compile_offline.py's compiler)
+        NV: tl.constexpr = (V + BV - 1) // BV
+        o_c = ((i_hv % (HV // H)) * NV + i_v) * KEY_SHARE + tl.arange(0, BKS)
+        m_c = (tl.arange(0, BKS) < KEY_SHARE) & (o_c < K)
+        pk_new = pk + i_s * stride_pk + (1 - half) * PT * H * K
+        pg_new = pg + i_s * stride_pg + (1 - half) * PT * HV
+        o_t = tl.arange(0, BPT)
+        m_t = o_t < n_b
+        m_kt = m_t[:, None] & m_c[None, :]
+        b_kc = tl.load(k + ((bos + o_t[:, None]) * H + i_h) * K + o_c[None, :], mask=m_kt, other=0)
+        tl.store(pk_new + (o_t[:, None] * H + i_h) * K + o_c[None, :], b_kc.to(tl.float32), mask=m_kt)
+        m_g = m_t & (o_t % NV == i_v)
+        b_gc, _ = _gates(g, beta, A_log, dt_bias, (bos + o_t) * HV + i_hv, i_hv + o_t * 0, m_g, softplus_threshold,
+                         RAW_GATES)
+        tl.store(pg_new + o_t * HV + i_hv, b_gc, mask=m_g)
+    if seen == tl.num_programs(0) * HV - 1:
+        tl.store(p_meta, tl.where(n_b > 0, n_b | ((1 - half) << LEN_BITS), 0))
 
 
 def chain_spec_step_fwd(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, slots, num_accepted, state, pu, pk, pg, meta,
-                        scale, use_qk_l2norm_in_kernel, *, softplus_threshold=20.0, accepted=0, config=None):
+                        scale, use_qk_l2norm_in_kernel, *, len_bits, softplus_threshold=20.0, accepted=0,
+                        config=None):
     """Launch ``chain_spec_step_kernel`` (inputs validated by the caller): returns o [N, HV, V] in v's dtype, the
     tokens of padding rows (and past cu_seqlens[B]) left unwritten. With q None: a flush (no window; pending node
     ``accepted``; k, v, g, beta, A_log, dt_bias, cu_seqlens, num_accepted unused). g, beta: the log decays and write
-    strengths [N, HV], or the raw gates a, b with A_log, dt_bias [HV] given."""
+    strengths [N, HV], or the raw gates a, b with A_log, dt_bias [HV] given. pk [slots, 2, T, H, K], pg
+    [slots, 2, T, HV]: the two halves of the stash's keys and decays, each slot's contiguous; ``len_bits``: where the
+    meta word's half bit sits (``treewy.serve.reconstruct.LEN_BITS``)."""
     B = slots.shape[0]
     HV, V, K = state.shape[1], state.shape[2], state.shape[3]
-    H = pk.shape[2]
+    H, T = pk.shape[3], pu.shape[1]
+    assert pk.shape[1:3] == (2, T) and pg.shape[1:3] == (2, T), "the stash's keys and decays come in two halves"
     tokens = q is not None
     o = torch.empty_like(v) if tokens else None
     c = dict((config or fixed_config()).all_kwargs())
     BV = c.pop("BV")
+    share = triton.cdiv(K, triton.cdiv(V, BV) * (HV // H))    # programs per key head split its keys evenly
     chain_spec_step_kernel[(triton.cdiv(V, BV), B * HV)](
         *((q, k, v, g, beta) if tokens else (state,) * 5), *((A_log, dt_bias) if A_log is not None else (state,) * 2),
         cu_seqlens if tokens else slots, slots, num_accepted if tokens else slots, o if tokens else state, state,
         pu, pk, pg, meta, slots.stride(0), state.stride(0), pu.stride(0), pk.stride(0), pg.stride(0), meta.stride(0),
-        scale, softplus_threshold, accepted, pu.shape[1],
-        H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, BPT=triton.next_power_of_2(max(pu.shape[1], 2)),
+        scale, softplus_threshold, accepted, T,
+        H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, BPT=triton.next_power_of_2(max(T, 2)),
         USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, RAW_GATES=A_log is not None, HAS_TOKENS=tokens,
-        LEN_BITS=LEN_BITS, STASH_COPY=STASH_COPY, **c,
+        LEN_BITS=len_bits, KEY_SHARE=share, BKS=triton.next_power_of_2(share), **c,
     )
     return o
