@@ -212,17 +212,18 @@ def tree_spec_update(pools: ReconstructPools, serving: TreeServing, *, A_log, a,
     slots = ssm_state_indices[:B, 0].long()
     qw, kw, vw, g, beta = _window_inputs(q, k, v, A_log, a, b, dt_bias, B, T, use_qk_l2norm_in_kernel)
     acc = _accepted(serving, slots, accepted)
+    pk, pg = pools.k[:, 0], pools.g[:, 0]      # a tree's window lives in the stash's half 0 (tree_vllm's meta word)
     if q.is_cuda:   # the pools in place: one launch, the fold inside the verify
         from treewy.ops.verify.kernel import tree_verify_fwd
-        pend = PendingCommit(pools.u, pools.k, pools.g, lay.parents32[None].expand(B, -1), acc, False)
+        pend = PendingCommit(pools.u, pk, pg, lay.parents32[None].expand(B, -1), acc, False)
         o, u = tree_verify_fwd(qw, kw, vw, g, beta, pools.state, lay.parents32, 0, kw.shape[-1] ** -0.5,
                                pending=pend, state_indices=slots.to(torch.int32), max_depth=lay.max_depth)
     else:           # the references over the requests' rows, written back
         state = pools.state[slots]
-        pend = PendingCommit(pools.u[slots], pools.k[slots], pools.g[slots], lay.parents32, acc)
+        pend = PendingCommit(pools.u[slots], pk[slots], pg[slots], lay.parents32, acc)
         o, u = _ops(q.device).tree_step(qw, kw, vw, g, beta, state, lay.parents32, pend, lay.max_depth)
         pools.state[slots] = state
-    pools.u[slots], pools.k[slots], pools.g[slots] = u, kw.float(), g
+    pools.u[slots], pk[slots], pg[slots] = u, kw.float(), g
     return o.reshape(1, B * T, *o.shape[-2:]).to(v.dtype), None
 
 
