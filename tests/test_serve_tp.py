@@ -108,9 +108,9 @@ def test_rank_page_is_vllms_page_then_the_stash_of_the_ranks_heads(name, tp):
     H, HV = hf.linear_num_key_heads // tp, hf.linear_num_value_heads // tp
     T, Kd, Vd = K_SPEC + 1, hf.linear_key_head_dim, hf.linear_value_head_dim
     stock = vllm_gdn_page(hf, tp, K_SPEC)
-    assert shapes == (*stock[0], (T, HV, Vd), (T, H, Kd), (T, HV), (1,))
+    assert shapes == (*stock[0], (T, HV, Vd), (2, T, H, Kd), (2, T, HV), (1,))     # keys and decays: two halves
     assert dtypes == (*stock[1], torch.float32, torch.float32, torch.float32, torch.int32)
-    assert page_bytes(shapes, dtypes) == page_bytes(*stock) + T * (HV * Vd + H * Kd + HV) * 4 + 4
+    assert page_bytes(shapes, dtypes) == page_bytes(*stock) + T * (HV * Vd + 2 * (H * Kd + HV)) * 4 + 4
 
 
 def _fake_model_module(monkeypatch):
@@ -227,11 +227,11 @@ def test_spec_step_rank_by_rank_is_the_one_gpu_step_sliced_by_heads():
             assert torch.equal(o_r, vh(o)), f"rank {r}: outputs"
             for s in slots.tolist():
                 assert torch.equal(p.state[s], vh(full.state[s], 0)), f"rank {r}: state of slot {s}"
-                L = int(full.meta[s, 0])
-                assert int(p.meta[s, 0]) == L
-                assert torch.equal(p.u[s, :L], vh(full.u[s, :L])), f"rank {r}: stash u of slot {s}"
-                assert torch.equal(p.k[s, :L], kh(full.k[s, :L])), f"rank {r}: stash k of slot {s}"
-                assert torch.equal(p.g[s, :L], vh(full.g[s, :L])), f"rank {r}: stash g of slot {s}"
+                assert int(p.meta[s, 0]) == int(full.meta[s, 0])
+                (_, u_f, k_f, g_f), (_, u_r, k_r, g_r) = full.pending_window(s), p.pending_window(s)
+                assert torch.equal(u_r, vh(u_f)), f"rank {r}: stash u of slot {s}"
+                assert torch.equal(k_r, kh(k_f)), f"rank {r}: stash k of slot {s}"
+                assert torch.equal(g_r, vh(g_f)), f"rank {r}: stash g of slot {s}"
     for r, p in enumerate(ranks):    # slots no step used are untouched on every rank
         assert torch.isnan(p.u[2]).all() and int(p.meta[2, 0]) == 0
 

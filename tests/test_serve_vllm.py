@@ -72,7 +72,7 @@ def test_page_is_one_block_with_an_aligned_stash(tp, k):
     shapes, dtypes = plugin.page_layout(*stock, tp=tp, num_k_heads=16, num_v_heads=64, head_k_dim=128,
                                         head_v_dim=128, num_spec=k)
     assert shapes[:2] == stock[0] and len(shapes) == len(dtypes) == 6
-    assert shapes[2] == (k + 1, 64 // tp, 128) and shapes[3] == (k + 1, 16 // tp, 128)
+    assert shapes[2] == (k + 1, 64 // tp, 128) and shapes[3] == (2, k + 1, 16 // tp, 128)   # keys: two halves
     offset = 0
     for sh, d in zip(shapes, dtypes):
         assert offset % d.itemsize == 0, (sh, d, offset)

@@ -6,17 +6,25 @@ the late columns) still load."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import polars as pl
 import pytest
 
-from treewy.memory import ServerConfig
+from treewy.memory import ModelSpec, ServerConfig
 from treewy.results import DATA_DIR
 from treewy.schema import LATE_COLUMNS, SERVING_SCHEMA, load_measured
 from treewy.sim.calibrated import H200_VLLM026_DECODE_GRAPHS
 from treewy.sim.sweep import simulate_measured_point
 
 MEASURED = DATA_DIR / "serving_qwen3.5-35b-a3b_h200_gmu0.6_2026-11-30.parquet"
+
+
+@pytest.fixture(autouse=True)
+def page_of_that_sweep(monkeypatch):
+    """The sweep served the stash's keys and decays in one half (``reconstruct_stash_bytes(halves=1)``)."""
+    monkeypatch.setattr(ModelSpec, "reconstruct_stash_bytes",
+                        functools.partialmethod(ModelSpec.reconstruct_stash_bytes, halves=1))
 
 
 def _rows():
