@@ -207,6 +207,58 @@ def test_installed_hooks_get_vllms_tensors_and_uninstall_restores_vllm(stand_in,
     assert tree_vllm.installed() == [] and tree_vllm.RUNTIME is None
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("rates", [None, "0.8,0.5"], ids=["sampled", "synthetic"])
+def test_a_seeded_request_samples_the_same_in_any_batch(stand_in, rates, device):
+    """vLLM's per-request seeds (SamplingMetadata.generators, request row -> its torch.Generator) through the
+    installed sampler: a seeded request's sampled tokens and accepted node, step after step, are the same alone or
+    beside other requests (seeded or not), as a tree window and as a prefill row, and change with its seed; the
+    unseeded requests still draw from the global generator, together, and the seeded ones take nothing from it."""
+    import stand_in_vllm
+
+    from treewy.serve import tree_vllm
+    from treewy.serve import vllm_adapter as A
+    tree_vllm.install("reconstruct", environ={"TREEWY_TREE": "2,1", **({"TREEWY_TREE_RATES": rates} if rates else {})})
+    sampler, parents = getattr(stand_in.sampler, A.REJECTION_SAMPLER)(), hooks.TreeLayout((2, 1)).parents.tolist()
+    T, V, steps = 5, 16, 12
+    gen = torch.Generator().manual_seed(0)
+
+    def request(window: bool, temperature: float = 1.0):
+        """A window (T logit rows, each node's drafted children made likely at its row) or a prefill row."""
+        logits = torch.randn(T if window else 1, V, generator=gen)
+        drafts = torch.randint(0, V, (T - 1,), generator=gen).tolist() if window else []
+        for t, tok in enumerate(drafts, start=1):
+            logits[parents[t], tok] += 2.0
+        return logits, drafts, temperature
+
+    def run(reqs, seeds, global_seed):
+        """Per request, per step: (sampled tokens, accepted node); seeds[i] None: no generator of its own."""
+        gens = {i: torch.Generator(device).manual_seed(s) for i, s in enumerate(seeds) if s is not None}
+        drafts = torch.tensor([t for _, d, _ in reqs for t in d], dtype=torch.int32, device=device)
+        md = stand_in_vllm.SpecDecodeMetadata(drafts, [len(d) for _, d, _ in reqs])
+        sm = stand_in.sampling_metadata(torch.tensor([t for _, _, t in reqs], device=device), False, gens)
+        logits, seen = torch.cat([x for x, _, _ in reqs]).to(device), []
+        with torch.random.fork_rng(devices=[0] if device == "cuda" else []):
+            torch.manual_seed(global_seed)
+            for _ in range(steps):
+                out = sampler.forward(md, None, logits, sm).sampled_token_ids.tolist()
+                seen.append(list(zip(out, tree_vllm.RUNTIME.last_accepted.tolist())))
+        return [[step[i] for step in seen] for i in range(len(reqs))]
+
+    window, prefill = request(True), request(False, 0.8)
+    others = [request(True, 0.7), request(True, 1.3), request(False), request(True, 0.9)]
+    alone_window = run([window], [7], 0)[0]
+    alone_prefill = run([prefill], [11], 0)[0]
+    batch = run([others[0], window, others[1], others[2], prefill, others[3]], [None, 7, 3, None, 11, None], 1)
+    assert batch[1] == alone_window and batch[4] == alone_prefill
+    assert run([window], [8], 0)[0] != alone_window and run([prefill], [12], 0)[0] != alone_prefill
+    # the draws decide something: the accepted node and the prefill's token vary from step to step
+    assert len({acc for _, acc in alone_window}) > 1 and len({tuple(tok) for tok, _ in alone_prefill}) > 1
+    without_seeded = [others[0], others[2], others[3]]
+    unseeded = run(without_seeded, [None] * 3, 1)
+    assert [batch[0], batch[3], batch[5]] == unseeded and run(without_seeded, [None] * 3, 2) != unseeded
+
+
 @pytest.mark.parametrize("mode", ["store_all", "reconstruct"])
 @pytest.mark.parametrize("drafter", ["ngram", "mtp"])
 def test_register_installs_the_tree_hooks(stand_in, monkeypatch, mode, drafter):

@@ -52,6 +52,7 @@ class SpecDecodeMetadata:
 class SamplingMetadata:
     temperature: torch.Tensor | None = None
     all_greedy: bool = True
+    generators: dict = dataclasses.field(default_factory=dict)   # request row -> its seed's torch.Generator
 
 
 def buffer(n: int, dtype=torch.int32, fill: int = 0) -> types.SimpleNamespace:

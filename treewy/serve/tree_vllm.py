@@ -31,6 +31,7 @@ accepted) and columns W - 1.. the inputs of nodes 1..N, so the next step's fold 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -215,10 +216,28 @@ def _spec_route(stock, active_pools):
 # The sampler and the runner
 # ------------------------------------------------------------------------------------------------------------------
 
+def _draw_groups(rows: np.ndarray, generators: dict) -> list:
+    """[(positions into ``rows``, generator)]: the requests without a generator of their own together (None: the
+    device's global generator), then each that has one (vLLM's ``seed``) alone with it, as vLLM's rejection sampler
+    draws a seeded request's numbers row by row, so that they do not depend on the batch."""
+    own = [j for j, r in enumerate(rows.tolist()) if r in generators]
+    rest = np.setdiff1d(np.arange(rows.size), own)
+    alone = [(np.array([j]), generators[int(rows[j])]) for j in own]
+    return [(rest, None), *alone] if rest.size else alone
+
+
+def _in_window_order(parts: list, order: np.ndarray) -> TreeAcceptance:
+    """One TreeAcceptance from ``parts``, whose rows, concatenated, are the windows ``order``."""
+    inv = torch.as_tensor(np.argsort(order), device=parts[0].accepted.device)
+    return TreeAcceptance(*(torch.cat([getattr(p, f.name) for p in parts])[inv] for f in dataclasses.fields(parts[0])))
+
+
 def _sampler_forward(self, metadata, draft_probs, logits, sampling_metadata):
     """RejectionSampler.forward for a served tree: requests with N drafts are tree windows (``tree_rejection_sample``
     on their T logits); requests with none (a prefill's last chunk) sample their one logit (greedy at temperature 0,
-    else from the softmax at their temperature). Sampled tokens [B, D + 1], -1 padded; no logprobs."""
+    else from the softmax at their temperature). A request with its own generator (vLLM's per-request ``seed``)
+    draws everything random from it, alone; the others in one call from the global generator. Sampled tokens
+    [B, D + 1], -1 padded; no logprobs."""
     serving = RUNTIME.serving(logits.device)
     drafts, counts = adapter.spec_drafts(metadata)
     N, D = serving.num_drafts, serving.layout.max_depth
@@ -227,27 +246,40 @@ def _sampler_forward(self, metadata, draft_probs, logits, sampling_metadata):
         raise ValueError(f"a served tree verifies full windows: {N} drafts per request or none, got {bad[0]} (vLLM "
                          "cuts drafts at a request's context end: serve with max_model_len beyond it)")
     temp = adapter.temperature(sampling_metadata)
+    gens = {} if isinstance(temp, float) else adapter.generators(sampling_metadata)   # greedy requests have none
+    dev = logits.device
     rows = np.repeat(np.arange(len(counts)), np.asarray(counts) + 1)
     tree = np.flatnonzero(np.asarray(counts) == N)
-    out = torch.full((len(counts), D + 1), -1, dtype=torch.int32, device=logits.device)
-    accepted = torch.zeros(len(counts), dtype=torch.int64, device=logits.device)
+    out = torch.full((len(counts), D + 1), -1, dtype=torch.int32, device=dev)
+    accepted = torch.zeros(len(counts), dtype=torch.int64, device=dev)
     if tree.size:
-        idx = torch.as_tensor(np.flatnonzero(np.isin(rows, tree)), device=logits.device)
-        t = temp if isinstance(temp, float) else temp[torch.as_tensor(tree, device=logits.device)]
-        acc = tree_rejection_sample(serving, drafts.long(), logits[idx].float(), t)
-        at = torch.as_tensor(tree, device=logits.device)
+        draft = drafts.long().reshape(tree.size, N)
+        parts, order = [], []
+        for js, g in _draw_groups(tree, gens):
+            win = logits[torch.as_tensor(np.flatnonzero(np.isin(rows, tree[js])), device=dev)].float()
+            t = temp if isinstance(temp, float) else temp[torch.as_tensor(tree[js], device=dev)]
+            parts.append(tree_rejection_sample(serving, draft[torch.as_tensor(js, device=dev)].reshape(-1), win, t,
+                                               generator=g))
+            order.append(js)
+        acc = parts[0] if len(parts) == 1 else _in_window_order(parts, np.concatenate(order))
+        at = torch.as_tensor(tree, device=dev)
         out[at], accepted[at] = acc.output_token_ids.to(torch.int32), acc.accepted
         RUNTIME.last_windows = (at, acc)
     plain = np.flatnonzero(np.asarray(counts) == 0)
     if plain.size:
-        pl = logits[torch.as_tensor(np.flatnonzero(np.isin(rows, plain)), device=logits.device)].float()
-        at = torch.as_tensor(plain, device=logits.device)
+        pl = logits[torch.as_tensor(np.flatnonzero(np.isin(rows, plain)), device=dev)].float()
+        at = torch.as_tensor(plain, device=dev)
         if isinstance(temp, float):
             out[at, 0] = pl.argmax(-1).to(torch.int32)
         else:
             tp = temp[at].float()
             probs = torch.softmax(pl / tp.clamp(min=1e-6)[:, None], -1)
-            out[at, 0] = torch.where(tp > 0, torch.multinomial(probs, 1)[:, 0], pl.argmax(-1)).to(torch.int32)
+            for js, g in _draw_groups(plain, gens):
+                # one row's multinomial is one exponential draw over the vocabulary, the draw vLLM's own sampler
+                # makes per seeded row and its runner rewinds when it discards a partial prefill's token
+                sel = torch.as_tensor(js, device=dev)
+                drawn = torch.multinomial(probs[sel], 1, generator=g)[:, 0]
+                out[at[sel], 0] = torch.where(tp[sel] > 0, drawn, pl[sel].argmax(-1)).to(torch.int32)
     RUNTIME.last_accepted = accepted
     return adapter.sampler_output(out)
 

@@ -244,7 +244,7 @@ SAMPLER_FORWARD_PARAMS = ("self", "metadata", "draft_probs", "logits", "sampling
 SPEC_METADATA_MODULE, SPEC_METADATA = "vllm.v1.spec_decode.metadata", "SpecDecodeMetadata"
 MD_DRAFT_TOKENS, MD_NUM_DRAFT_TOKENS = "draft_token_ids", "num_draft_tokens"
 SAMPLING_METADATA_MODULE, SAMPLING_METADATA = "vllm.v1.sample.metadata", "SamplingMetadata"
-SAMPLING_ALL_GREEDY, SAMPLING_TEMPERATURE = "all_greedy", "temperature"
+SAMPLING_ALL_GREEDY, SAMPLING_TEMPERATURE, SAMPLING_GENERATORS = "all_greedy", "temperature", "generators"
 OUTPUTS_MODULE, SAMPLER_OUTPUT = "vllm.v1.outputs", "SamplerOutput"
 SAMPLED_TOKEN_IDS, LOGPROBS_TENSORS = "sampled_token_ids", "logprobs_tensors"
 #: The model runner: the inputs step (positions, then the slot mapping built from them) and the step after the
@@ -295,6 +295,12 @@ def spec_drafts(md) -> tuple:
 def temperature(sampling_metadata):
     """0.0 when every request is greedy, else the per-request temperatures [B] (a device tensor)."""
     return 0.0 if getattr(sampling_metadata, SAMPLING_ALL_GREEDY) else getattr(sampling_metadata, SAMPLING_TEMPERATURE)
+
+
+def generators(sampling_metadata) -> dict:
+    """{request row: torch.Generator} for the requests that asked for a ``seed`` (vLLM seeds one per such request;
+    the others draw from the device's global generator)."""
+    return getattr(sampling_metadata, SAMPLING_GENERATORS)
 
 
 def runner_positions(runner) -> list:

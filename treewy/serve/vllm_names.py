@@ -78,7 +78,7 @@ TREE_NAMES: tuple[Name, ...] = (
     *(Name(A.SPEC_METADATA_MODULE, f"{A.SPEC_METADATA}.{f}", kind="field")
       for f in (A.MD_DRAFT_TOKENS, A.MD_NUM_DRAFT_TOKENS)),
     *(Name(A.SAMPLING_METADATA_MODULE, f"{A.SAMPLING_METADATA}.{f}", kind="field")
-      for f in (A.SAMPLING_ALL_GREEDY, A.SAMPLING_TEMPERATURE)),
+      for f in (A.SAMPLING_ALL_GREEDY, A.SAMPLING_TEMPERATURE, A.SAMPLING_GENERATORS)),
     *(Name(A.OUTPUTS_MODULE, f"{A.SAMPLER_OUTPUT}.{f}", kind="field") for f in (A.SAMPLED_TOKEN_IDS,
                                                                                 A.LOGPROBS_TENSORS)),
     Name(A.RUNNER_MODULE, f"{A.RUNNER}.{A.PREPARE_INPUTS}", A.PREPARE_INPUTS_PARAMS),
