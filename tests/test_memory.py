@@ -135,14 +135,14 @@ def test_layout_matches_vllms_own_capacity_on_the_h200(monkeypatch):
     """vLLM 0.26 logged its pool for Qwen3.5-35B-A3B (dummy weights, gmu 0.9, eager, max len 8192) in both
     modes on an H200 (benchmarks/results/vllm_h200_2026-11-30/capacity_35b_gmu0.9_*.log): the attention
     block size it chose and its maximum concurrency. The memory model reproduces both, for the page that run
-    served (the stash's keys and decays in one half: ``reconstruct_stash_bytes(halves=1)``)."""
+    served (the stash's keys and decays in one half: ``reconstruct_stash_bytes(halves=1, key_dtype="float32")``)."""
     import re
     from functools import partialmethod
     from pathlib import Path
 
     from treewy.memory import ServerConfig, paging
 
-    one_half = partialmethod(ModelSpec.reconstruct_stash_bytes, halves=1)
+    one_half = partialmethod(ModelSpec.reconstruct_stash_bytes, halves=1, key_dtype="float32")
     monkeypatch.setattr(ModelSpec, "reconstruct_stash_bytes", one_half)
 
     logs = Path(__file__).parents[1] / "benchmarks/results/vllm_h200_2026-11-30"
@@ -166,10 +166,11 @@ def test_stash_bytes_are_the_plugins_page():
 
     m = ModelSpec.from_name("qwen3.5-397b-a17b")
     for tp, tree in ((1, (1, 1, 1)), (8, (1,) * 5)):
-        shapes, dtypes = stash_layout(H=m.gdn_key_heads // tp, HV=m.gdn_value_heads // tp, K=m.gdn_key_dim,
-                                      V=m.gdn_value_dim, max_nodes=len(tree) + 1)
-        want = sum(prod(s) * torch.empty(0, dtype=d).element_size() for s, d in zip(shapes, dtypes))
-        assert m.reconstruct_stash_bytes(tree, tp) == want
+        for key_dtype in (torch.bfloat16, torch.float32):
+            shapes, dtypes = stash_layout(H=m.gdn_key_heads // tp, HV=m.gdn_value_heads // tp, K=m.gdn_key_dim,
+                                          V=m.gdn_value_dim, max_nodes=len(tree) + 1, key_dtype=key_dtype)
+            want = sum(prod(s) * torch.empty(0, dtype=d).element_size() for s, d in zip(shapes, dtypes))
+            assert m.reconstruct_stash_bytes(tree, tp, key_dtype=str(key_dtype)) == want
 
 
 @pytest.mark.parametrize("tp", [3, 5, 6, 32, 64])

@@ -41,18 +41,19 @@ DIMS = dict(H=H, HV=HV, K=K, V=V)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def page_pools(num_blocks=SLOTS, dims=DIMS):
+def page_pools(num_blocks=SLOTS, dims=DIMS, key_dtype=torch.float32):
     """Pools as strided views of one NaN-filled buffer, one page per slot (vLLM's layout), meta zeroed."""
     HV, V, K = dims["HV"], dims["V"], dims["K"]
-    shapes, dtypes = stash_layout(**dims, max_nodes=T)
+    shapes, dtypes = stash_layout(**dims, max_nodes=T, key_dtype=key_dtype)
     shapes, dtypes = ((HV, V, K), *shapes), (torch.float32, *dtypes)
-    sizes = [torch.Size(s).numel() * 4 for s in shapes]             # every part is 4-byte
+    sizes = [torch.Size(s).numel() * d.itemsize for s, d in zip(shapes, dtypes)]
+    assert all(n % 4 == 0 for n in sizes)
     page = sum(sizes)
-    raw = torch.full((num_blocks * page // 4,), -1, dtype=torch.int32, device=DEVICE)   # NaN as fp32
+    raw = torch.full((num_blocks * page // 4,), -1, dtype=torch.int32, device=DEVICE)   # NaN as fp32 and bf16
     views, off = [], 0
     for shape, dtype, size in zip(shapes, dtypes, sizes):
-        inner = torch.empty(shape).stride()
-        views.append(torch.as_strided(raw.view(dtype), (num_blocks, *shape), (page // 4, *inner), off // 4))
+        inner, n = torch.empty(shape).stride(), dtype.itemsize
+        views.append(torch.as_strided(raw.view(dtype), (num_blocks, *shape), (page // n, *inner), off // n))
         off += size
     pools = ReconstructPools(*views)
     pools.meta.zero_()
@@ -65,13 +66,14 @@ def as_dtype(pools, dtype):
                               for x in (pools.state, pools.u, pools.k, pools.g, pools.meta)))
 
 
-def batch(gen, lens, slots, dims=DIMS):
-    """A packed step: q, k, v, raw gates (a, b with two rows of padding past N, as vLLM hands them over)."""
+def batch(gen, lens, slots, dims=DIMS, key_dtype=torch.float32):
+    """A packed step: q, k, v, raw gates (a, b with two rows of padding past N, as vLLM hands them over); the keys
+    representable in the stash's ``key_dtype`` (as a bf16 model's are)."""
     N, H, HV, K, V = sum(lens), dims["H"], dims["HV"], dims["K"], dims["V"]
     r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     cu = torch.tensor([0, *torch.cumsum(torch.tensor(lens), 0).tolist()], dtype=torch.int32)
-    x = dict(q=r(N, H, K), k=r(N, H, K), v=r(N, HV, V), A_log=r(HV) * 0.5, a=r(N + 2, HV) * 2, b=r(N + 2, HV),
-             dt_bias=r(HV))
+    x = dict(q=r(N, H, K), k=r(N, H, K).to(key_dtype).float(), v=r(N, HV, V), A_log=r(HV) * 0.5, a=r(N + 2, HV) * 2,
+             b=r(N + 2, HV), dt_bias=r(HV))
     return {n: t.to(DEVICE) for n, t in x.items()}, cu.to(DEVICE), torch.tensor(slots, device=DEVICE)
 
 
@@ -89,16 +91,18 @@ def run_step(pools, x, cu, slots, acc, gated):
     return o, ro, refs
 
 
-@pytest.mark.parametrize("gated", [True, False], ids=["raw-gates", "given-gates"])
-def test_spec_steps_match_the_loop_twin(gated):
+@pytest.mark.parametrize("gated,key_dtype", [(True, torch.float32), (False, torch.float32), (True, torch.bfloat16)],
+                         ids=["raw-gates", "given-gates", "raw-gates-bf16-keys"])
+def test_spec_steps_match_the_loop_twin(gated, key_dtype):
+    """The keys stashed in bf16 (a served bf16 model's page) are the raw keys exactly too."""
     gen = torch.Generator().manual_seed(int(gated))
-    pools = page_pools()
+    pools = page_pools(key_dtype=key_dtype)
     null_state = pools.state[0].clone()
     steps = [([4, 2, 0, 3, 2], [3, 5, 2, 0, -1], [1, 1, 1, 1, 1]),     # fresh slots: nothing pending
              ([1, 4, 3, 0, 4], [3, 5, 2, 6, 0], [3, 2, 1, 1, 1]),     # ragged windows, one idle row
              ([3, 4, 2, 1, 4], [5, 3, 6, 2, 7], [4, 1, 1, 3, 1])]     # slot 6 joined empty, 7 is fresh
     for step, (lens, slots, acc) in enumerate(steps if gated else steps[:2]):     # given gates: one fold is enough
-        x, cu, slots = batch(gen, lens, slots)
+        x, cu, slots = batch(gen, lens, slots, key_dtype=key_dtype)
         acc = torch.tensor(acc, device=DEVICE)
         o, ro, refs = run_step(pools, x, cu, slots, acc, gated)
         real = ~torch.isnan(ro[torch.float64][:, 0, 0])
@@ -119,7 +123,7 @@ def check_slots(what, pools, refs, slots):
             twins = [r.pending_window(s) for r in refs.values()]
             close(f"{what}: stash u of slot {s}", u.cpu(), *(w[1].cpu() for w in twins))
             close(f"{what}: stash g of slot {s}", g.cpu(), *(w[3].cpu() for w in twins))
-            assert torch.equal(k, twins[1][2]), f"{what}: stashed keys of slot {s}"
+            assert torch.equal(k.float(), twins[1][2].float()), f"{what}: stashed keys of slot {s}"
 
 
 def test_stash_halves_alternate_over_steps_as_rows_join_flush_and_pad():

@@ -109,8 +109,9 @@ def test_rank_page_is_vllms_page_then_the_stash_of_the_ranks_heads(name, tp):
     T, Kd, Vd = K_SPEC + 1, hf.linear_key_head_dim, hf.linear_value_head_dim
     stock = vllm_gdn_page(hf, tp, K_SPEC)
     assert shapes == (*stock[0], (T, HV, Vd), (2, T, H, Kd), (2, T, HV), (1,))     # keys and decays: two halves
-    assert dtypes == (*stock[1], torch.float32, torch.float32, torch.float32, torch.int32)
-    assert page_bytes(shapes, dtypes) == page_bytes(*stock) + T * (HV * Vd + 2 * (H * Kd + HV)) * 4 + 4
+    # the raw keys in the conv state's dtype (the model's bf16, as they arrive), u and the decays in fp32
+    assert dtypes == (*stock[1], torch.float32, torch.bfloat16, torch.float32, torch.int32)
+    assert page_bytes(shapes, dtypes) == page_bytes(*stock) + T * (HV * Vd * 4 + 2 * (H * Kd * 2 + HV * 4)) + 4
 
 
 def _fake_model_module(monkeypatch):

@@ -22,9 +22,10 @@ MEASURED = DATA_DIR / "serving_qwen3.5-35b-a3b_h200_gmu0.6_2026-11-30.parquet"
 
 @pytest.fixture(autouse=True)
 def page_of_that_sweep(monkeypatch):
-    """The sweep served the stash's keys and decays in one half (``reconstruct_stash_bytes(halves=1)``)."""
+    """The sweep served the stash's keys and decays in one half
+    (``reconstruct_stash_bytes(halves=1, key_dtype="float32")``)."""
     monkeypatch.setattr(ModelSpec, "reconstruct_stash_bytes",
-                        functools.partialmethod(ModelSpec.reconstruct_stash_bytes, halves=1))
+                        functools.partialmethod(ModelSpec.reconstruct_stash_bytes, halves=1, key_dtype="float32"))
 
 
 def _rows():

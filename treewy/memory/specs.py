@@ -224,15 +224,18 @@ class ModelSpec:
         """GDN state memory of one sequence under a mode (no conv state, no padding)."""
         return self.state_blocks(mode, tree) * self.gdn_state_bytes(dtype, tp)
 
-    def reconstruct_stash_bytes(self, tree=(1, 1, 1), tp: int = 1, halves: int = 2) -> int:
+    def reconstruct_stash_bytes(self, tree=(1, 1, 1), tp: int = 1, halves: int = 2, key_dtype: str = "bfloat16"
+                                ) -> int:
         """TreeWY's pending commit kept in each GDN page by the vLLM plugin (treewy.serve.reconstruct.stash_layout):
-        u [T, HV, V], k [halves, T, H, K] and g [halves, T, HV] in fp32 and the window length (int32), per layer and
-        request. The plugin double-buffers keys and decays (a step writes the new window while it still reads the
-        pending one); ``halves=1`` is the page of the vLLM runs made before it did (the capacity logs and serving
+        u [T, HV, V] in fp32, the raw keys k [halves, T, H, K] in the activations' dtype, the decays g [halves, T, HV]
+        in fp32 and the window length (int32), per layer and request. The plugin double-buffers keys and decays (a
+        step writes the new window while it still reads the pending one) and keeps the keys in bf16, as they arrive:
+        ``halves=1, key_dtype="float32"`` is the page of the vLLM runs made before (the capacity logs and serving
         sweep that tests/test_memory.py and tests/test_sim_calibration.py check the model against)."""
         T = tree_num_nodes(tree)
         hv, h = self.gdn_value_heads // self.check_tp(tp), self.gdn_key_heads // tp
-        return int(T * (hv * self.gdn_value_dim + halves * (h * self.gdn_key_dim + hv)) * 4 + 4)
+        return int(T * (hv * self.gdn_value_dim * 4 + halves * (h * self.gdn_key_dim * _bytes_of(key_dtype, "key_dtype")
+                                                               + hv * 4)) + 4)
 
     def pseudo_value_bytes(self, tree=(1, 1, 1), tp: int = 1) -> int:
         """TreeWY's transient U, T x V per value head in fp32, for one GDN layer of one request."""

@@ -82,10 +82,11 @@ def rank_heads(*, tp: int, num_k_heads: int, num_v_heads: int) -> tuple[int, int
 def page_layout(stock_shapes, stock_dtypes, *, tp: int, num_k_heads: int, num_v_heads: int, head_k_dim: int,
                 head_v_dim: int, num_spec: int):
     """(shapes, dtypes) of one reconstruct page of one rank: vLLM's own (conv, state; already per rank), then the
-    stash of the rank's heads. ``num_k_heads`` / ``num_v_heads`` are the model's (all ranks), as vLLM's layer and
-    config hold them."""
+    stash of the rank's heads, its keys in the conv state's dtype (the activations', which the keys arrive in).
+    ``num_k_heads`` / ``num_v_heads`` are the model's (all ranks), as vLLM's layer and config hold them."""
     H, HV = rank_heads(tp=tp, num_k_heads=num_k_heads, num_v_heads=num_v_heads)
-    shapes, dtypes = stash_layout(H=H, HV=HV, K=head_k_dim, V=head_v_dim, max_nodes=num_spec + 1)
+    shapes, dtypes = stash_layout(H=H, HV=HV, K=head_k_dim, V=head_v_dim, max_nodes=num_spec + 1,
+                                  key_dtype=stock_dtypes[0])
     return tuple(stock_shapes) + shapes, tuple(stock_dtypes) + dtypes
 
 

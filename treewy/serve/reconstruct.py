@@ -15,14 +15,17 @@ rows, whose state is read but never written):
 
     state   [slots, HV, V, K]       committed recurrent state (fp32 for Qwen3.5)
     u       [slots, T, HV, V]    fp32  the pending window's pseudo-values
-    k       [slots, 2, T, H, K]  fp32  its raw keys (normalized in the kernel, as vLLM's kernels do), in one half
+    k       [slots, 2, T, H, K]  bf16  its raw keys as they arrived (the model's dtype: fp32 in an fp32 run;
+                                       normalized in the kernel, as vLLM's kernels do), in one half
     g       [slots, 2, T, HV]    fp32  its log decays, in the same half
     meta    [slots, 1]           int32 its length (low LEN_BITS bits) and, in bit LEN_BITS, its half; 0 = nothing
                                        pending (during a launch the bits above count the programs that have read
                                        it: see chain_spec_step_kernel)
 
 Keys and decays have two halves so that a step's programs can write the new window while they all still read
-the pending one (the other half); u needs none: each program reads and writes only its own tile. A tree window
+the pending one (the other half); u needs none: each program reads and writes only its own tile. Two halves of bf16
+keys take the bytes one half of fp32 keys did, and the second half of decays fits in the page's padding for the
+Qwen3.5 models, so the page and the requests a pool holds are what they were with one half. A tree window
 (``tree_plugin``) always lives in half 0, whose meta word is its plain length.
 
 Each tensor may be a strided view of a per-slot page (vLLM's layout: slot stride = page size), as
@@ -58,8 +61,8 @@ class ReconstructPools:
 
     @classmethod
     def empty(cls, slots: int, *, H: int, HV: int, K: int, V: int, max_nodes: int,
-              state_dtype=torch.float32, device="cpu") -> ReconstructPools:
-        shapes, dtypes = stash_layout(H=H, HV=HV, K=K, V=V, max_nodes=max_nodes)
+              state_dtype=torch.float32, key_dtype=torch.float32, device="cpu") -> ReconstructPools:
+        shapes, dtypes = stash_layout(H=H, HV=HV, K=K, V=V, max_nodes=max_nodes, key_dtype=key_dtype)
         stash = [torch.zeros(slots, *s, dtype=d, device=device) for s, d in zip(shapes, dtypes)]
         return cls(torch.zeros(slots, HV, V, K, dtype=state_dtype, device=device), *stash)
 
@@ -83,13 +86,18 @@ def meta_word(length: int, half: int) -> int:
     return length | (half << LEN_BITS) if length else 0
 
 
-def stash_layout(*, H: int, HV: int, K: int, V: int, max_nodes: int):
+def stash_layout(*, H: int, HV: int, K: int, V: int, max_nodes: int, key_dtype=torch.float32):
     """(shapes, dtypes) per slot of the stash tensors u, k, g, meta: what the plugin appends to vLLM's page (keys and
-    decays in two halves: see the module docstring)."""
+    decays in two halves: see the module docstring). The keys are the window's raw ones, stored as they came
+    (``key_dtype``: the model's activations, bf16 when served, so that the two halves of bf16 keys take the bytes
+    one half of fp32 keys did); u and the decays are computed in fp32 and kept so."""
     T = max_nodes
     if not 0 < T < 1 << LEN_BITS:
         raise ValueError(f"max_nodes = {T}: the meta word holds lengths 1 to {(1 << LEN_BITS) - 1}: serve fewer drafts")
-    return ((T, HV, V), (2, T, H, K), (2, T, HV), (1,)), (torch.float32, torch.float32, torch.float32, torch.int32)
+    if key_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"key_dtype = {key_dtype}: expected the model's activation dtype, torch.bfloat16, "
+                         "torch.float16 or torch.float32")
+    return ((T, HV, V), (2, T, H, K), (2, T, HV), (1,)), (torch.float32, key_dtype, torch.float32, torch.int32)
 
 
 def pack_index(cu_seqlens: torch.Tensor, B: int, T: int):

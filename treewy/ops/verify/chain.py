@@ -209,7 +209,7 @@ def chain_spec_step_kernel(
         m_t = o_t < n_b
         m_kt = m_t[:, None] & m_c[None, :]
         b_kc = tl.load(k + ((bos + o_t[:, None]) * H + i_h) * K + o_c[None, :], mask=m_kt, other=0)
-        tl.store(pk_new + (o_t[:, None] * H + i_h) * K + o_c[None, :], b_kc.to(tl.float32), mask=m_kt)
+        tl.store(pk_new + (o_t[:, None] * H + i_h) * K + o_c[None, :], b_kc.to(pk_new.dtype.element_ty), mask=m_kt)
         m_g = m_t & (o_t % NV == i_v)
         b_gc, _ = _gates(g, beta, A_log, dt_bias, (bos + o_t) * HV + i_hv, i_hv + o_t * 0, m_g, softplus_threshold,
                          RAW_GATES)
