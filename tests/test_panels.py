@@ -118,6 +118,14 @@ def test_serving_panel_overlays_only_measured_rows_of_the_same_configuration(tmp
     p.set(gmu=0.9)
     p.run_button.click()
     assert p.frames["measured"].height == 1 and p.frames["measured"]["gmu"].item() == 0.9
+    # rows of real (unrecorded) weights are the paper's-acceptance kind, not the dummy weights' none
+    p.set(gmu=0.6, acceptance="none (dummy weights)")
+    p.run_button.click()
+    assert p.frames["measured"].is_empty()
+    from treewy_lab.frames import measured_matching
+    with pytest.raises(ValueError, match="acceptance = 'real'"):
+        measured_matching(serving_frame(rows), model="m", gpu="h200", tp=1, gmu=0.6, tree="(1, 1, 1)",
+                          workload="balanced-chat", acceptance="real")
 
 
 def test_serving_panel_overlays_the_committed_h200_sweep_with_its_settings():
@@ -136,6 +144,12 @@ def test_serving_panel_overlays_the_committed_h200_sweep_with_its_settings():
     p.set(max_num_seqs=1024)
     p.run_button.click()
     assert p.frames["measured"].is_empty()          # a 1024-request server has another pool
+    # the paper's acceptance overlays the run that asked vLLM's synthetic sampler for it (2026-12-02), not the other
+    p.set(max_num_seqs=256, acceptance="paper's")
+    p.run_button.click()
+    measured = p.frames["measured"]
+    assert measured.height > 0 and set(measured["acceptance_source"]) == {"paper-35b"}
+    assert set(measured["date"]) == {"2026-12-02"} and not (p.frames["simulated"]["acceptance_length"] == 1.0).any()
 
 
 def test_serving_panel_reports_a_budget_that_cannot_hold_the_weights():

@@ -25,6 +25,9 @@ GPUS = ["b200", "h200", "h100"]
 TREES = {str(s): s for s in SHAPES} | {f"chain {k}": (1,) * k for k in (1, 2, 4, 5, 6)}
 #: What the drafts achieve: the paper's acceptance, or none at all (a server with dummy weights accepts nothing).
 ACCEPTANCE = {"paper's": None, "none (dummy weights)": 1.0}
+#: The measured runs each choice overlays (frames.measured_matching): those whose drafts were accepted at the
+#: paper's rate (vLLM's synthetic sampler) or by real weights, or dummy weights' runs that accepted nothing.
+MEASURED_ACCEPTANCE = {"paper's": "paper", "none (dummy weights)": "none"}
 #: The step's fixed costs: assumed, or fitted to a measured sweep (treewy.sim.calibrated).
 STEP_COSTS = {"assumed": ServerConfig(), "fitted: H200, vLLM 0.26, decode graphs": H200_VLLM026_DECODE_GRAPHS}
 DUMMY_NOTE = ("dummy weights: acceptance is meaningless there; memory, admission, preemptions, TTFT and throughput "
@@ -89,7 +92,8 @@ class ServingPanel(Panel):
         curves = serving_curves_frame(sim, "SIMULATED")
         measured = measured_matching(load_measured(*self.measured_dirs), model=v["model"], gpu=v["gpu"], tp=v["tp"],
                                      gmu=v["gmu"], tree=str(TREES[v["tree"]]), workload=v["workload"],
-                                     max_num_seqs=v["max_num_seqs"])
+                                     max_num_seqs=v["max_num_seqs"],
+                                     acceptance=MEASURED_ACCEPTANCE[v["acceptance"]])
         self.frames["measured"] = measured
         runs = list(measured_runs(measured))
         for label, part in runs:
