@@ -281,3 +281,32 @@ def temperature_chart(acc: pl.DataFrame, title: str) -> alt.FacetChart:
     return alt.layer(lines, bars, data=acc).properties(width=260, height=220).facet(
         column=alt.Column("shape:N", title="tree shape")).properties(
         title=alt.Title(title, subtitle=INTERVAL_NOTE))
+
+
+TREE_COLORS = ["#1b9e77", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d"]
+
+
+def width_chart(frame: pl.DataFrame, metrics: dict[str, str], title: str | list[str],
+                notes: Sequence[str] = ()) -> alt.VConcatChart:
+    """One row per commit mode, one small chart per metric (``metrics``: column -> title, each with its own y
+    scale), against concurrency (log 2); one colour per tree, simulated solid and measured dashed (``ROLE_STYLES``
+    by the ``source`` label). frame: long (source, mode, tree, concurrency, metric, value)."""
+    trees = sorted(set(frame["tree"].to_list()), key=lambda t: (len(t), t))
+    color = alt.Color("tree:N", scale=alt.Scale(domain=trees, range=TREE_COLORS[:len(trees)]), title="tree",
+                      legend=alt.Legend(orient="bottom"))
+    dash = alt.StrokeDash("source:N", scale=_dash_scale(frame["source"].to_list()), title="source",
+                          legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=0, symbolType="stroke",
+                                            symbolStrokeWidth=2, symbolSize=400, labelExpr=_DASH_LABEL))
+    x = alt.X("concurrency:Q", scale=alt.Scale(type="log", base=2), title="concurrent requests",
+              axis=alt.Axis(values=sorted(set(frame["concurrency"].to_list()))))
+    rows = []
+    for mode in ("store_all", "reconstruct"):
+        charts = []
+        for metric, label in metrics.items():
+            part = frame.filter((pl.col("mode") == mode) & (pl.col("metric") == metric))
+            line = alt.Chart(part).mark_line(point=True, strokeWidth=1.5).encode(
+                x=x, y=alt.Y("value:Q", title=label, scale=alt.Scale(zero=False)), color=color, strokeDash=dash,
+                tooltip=["source:N", "tree:N", "concurrency:Q", alt.Tooltip("value:Q", format=".3g")])
+            charts.append(line.properties(width=140, height=120, title=f"{MODE_NAMES[mode]}: {label}"))
+        rows.append(alt.hconcat(*charts))
+    return alt.vconcat(*rows).properties(title=alt.Title(title, subtitle=list(notes)))

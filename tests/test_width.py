@@ -1,0 +1,37 @@
+"""Notebook 06's tree-width figure: every tree against the chain of its own source, mode and load, the decode-bound
+identity's terms, and measured tree sweeps overlaid only where one run served more than one tree."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from treewy.schema import serving_frame
+
+
+def _rows(date, trees, throughput):
+    base = dict(model="qwen3.5-35b-a3b", gpu="H200", tp=1, gmu=0.9, workload="generation-short", concurrency=8,
+                simulated=False, device="H200", date=date, weights="dummy", acceptance_source="paper-35b", failed=0,
+                mean_tpot_ms=5.0, acceptance_length=3.4, peak_running=8)
+    return [dict(base, mode=m, tree=str(t), output_throughput=throughput[t]) for m in ("store_all", "reconstruct")
+            for t in trees]
+
+
+def test_width_frame_divides_by_the_chain_of_the_same_run(tmp_path):
+    from treewy_lab.width import METRICS, width_figure, width_frame
+
+    chain, tree = (1, 1, 1), (2, 2, 1)
+    serving_frame(_rows("2026-12-09", (chain, tree), {chain: 1000.0, tree: 1100.0})
+                  + _rows("2026-12-10", (tree,), {tree: 1.0})).write_parquet(tmp_path / "trees.parquet")
+    f = width_frame(trees=(chain, tree), concurrency=(8,), measured_dirs=(tmp_path,))
+    assert set(f["metric"]) == set(METRICS)
+    measured = f.filter(pl.col("source") != "SIMULATED")
+    assert set(measured["source"]) == {"vLLM measured: H200, 2026-12-09, dummy weights, acceptance: synthetic "
+                                       "(paper-35b)"}                      # the one-tree run has no chain to beat
+    got = measured.filter(metric="vs_chain", tree=str(tree))["value"].to_list()
+    assert got == pytest.approx([1.1, 1.1])
+    assert measured.filter(metric="step_ms")["value"].to_list() == pytest.approx([17.0] * 4)   # TPOT x tokens/step
+    sim = f.filter(source="SIMULATED", metric="vs_chain", tree=str(chain))["value"].to_list()
+    assert sim == [1.0, 1.0]
+    fig = width_figure(trees=(chain, tree), concurrency=(8,), measured_dirs=(tmp_path,))
+    assert fig["vs_chain"].height == 8 and "2026-12-09" in str(fig["chart"].to_dict()["title"])
