@@ -6,8 +6,9 @@
 
 Joins the SIMULATED rows of the predictions with the measured rows of the given tables on (gmu, workload, mode,
 concurrency) and prints, per point, each metric measured, predicted and their ratio (measured / predicted); then per
-mode and metric the geometric mean of that ratio and its range. A measured point with no prediction, or a failed
-one, is listed apart. The predictions are not recomputed: the file holds what the simulator said before the run
+mode and metric the geometric mean of that ratio and its range; then per gmu the paper's Tables 1 and 3 in shape
+(TreeWY / store-all per metric and concurrency, measured, the prediction, the paper's). A measured point with no
+prediction, or a failed one, is listed apart. The predictions are not recomputed: the file holds what the simulator said before the run
 (the commit is in its .json).
 """
 
@@ -41,7 +42,7 @@ def compare(predicted, measured):
     return matched, unmatched
 
 
-def text_report(matched, unmatched, sources) -> str:
+def text_report(matched, unmatched, sources, tables=()) -> str:
     lines = ["Committed predictions (SIMULATED) against the measured sweep: measured / predicted (ratio)",
              "sources: " + ", ".join(sources), ""]
     head = f"{'gmu':>4s} {'workload':17s} {'mode':11s} {'conc':>4s} | " + " | ".join(
@@ -65,10 +66,49 @@ def text_report(matched, unmatched, sources) -> str:
         lines += ["", "not compared (failed, or no prediction for the point): "
                   + ", ".join(f"{r['workload']} {r['mode']} c{r['concurrency']} gmu {r['gmu']}"
                               for r in unmatched.iter_rows(named=True))]
+    lines += list(tables)
     dates = sorted(set(matched["date"].to_list())) if matched.height else []
     lines += ["", f"measured on {', '.join(sorted(set(matched['device'].to_list())))} on {', '.join(dates)}"
               if dates else "no measured point matched a prediction"]
     return "\n".join(lines) + "\n"
+
+
+def ratio_tables(predicted, measured) -> list[str]:
+    """Per gmu measured, the paper's Tables 1 and 3 in shape: TreeWY / store-all per metric and concurrency, geomean
+    over the workloads both modes finished at that load, as measured (SIMULATED prediction over the same workloads)
+    [the paper's B200 figure, a geomean over its five workloads]."""
+    import polars as pl
+
+    from treewy.sim.paper_tables import PAPER_TABLES
+    from treewy.sim.sweep import ratio_table
+
+    good = measured.filter(pl.col("error").is_null() & (pl.col("failed").fill_null(0) == 0))
+    lines = []
+    for gmu in sorted(set(good["gmu"].to_list())):
+        meas = good.filter(pl.col("gmu") == gmu)
+        pairs = meas.group_by("workload", "concurrency").agg(pl.col("mode").n_unique().alias("n")).filter(
+            pl.col("n") == 2).select("workload", "concurrency")
+        if not pairs.height:
+            continue
+        m = ratio_table(meas.join(pairs, on=["workload", "concurrency"]))
+        p = ratio_table(predicted.filter(pl.col("gmu") == gmu).join(pairs, on=["workload", "concurrency"]))
+        paper = PAPER_TABLES.get(("qwen3.5-35b-a3b", 1, gmu), {})
+        concs = m["concurrency"].to_list()
+        lines += ["", f"gmu {gmu}: TreeWY / store-all, measured (SIMULATED prediction) [paper, B200], geomean over "
+                  + ", ".join(sorted(set(pairs["workload"].to_list()))), "",
+                  f"| {'':24s}|" + "".join(f"{c:>21d} |" for c in concs)]
+        for metric in [c for c in m.columns if c != "concurrency"]:
+            cells = []
+            for c in concs:
+                mv = m.filter(pl.col("concurrency") == c)[metric].item()
+                pv = p.filter(pl.col("concurrency") == c)[metric]
+                pv = pv.item() if pv.len() else None
+                i = [1, 8, 32, 64, 128, 256].index(c) if c in (1, 8, 32, 64, 128, 256) else None
+                ref = paper.get(metric, ())[i] if paper and i is not None else None
+                num = lambda x: "  -  " if x is None else f"{x:5.2f}"  # noqa: E731
+                cells.append(f"{num(mv)} ({num(pv)})" + (f" [{ref:4.2f}]" if ref is not None else "       "))
+            lines.append(f"| {metric:24s}|" + "".join(f" {x:>20s} |" for x in cells))
+    return lines
 
 
 def main(argv=None) -> int:
@@ -84,7 +124,7 @@ def main(argv=None) -> int:
     if not predicted["simulated"].all():
         print(f"{args.predictions}: holds measured rows; expected the simulator's predictions", file=sys.stderr)
         return 2
-    cols = KEYS + [c for c, _, _ in METRICS] + ["error", "failed", "date", "device", "simulated"]
+    cols = KEYS + [c for c, _, _ in METRICS] + ["peak_kv_usage", "error", "failed", "date", "device", "simulated"]
     frames = []
     for path in map(Path, args.measured):
         if not path.is_file():
@@ -92,7 +132,8 @@ def main(argv=None) -> int:
             return 2
         frames.append(pl.read_parquet(path).select(cols).filter(~pl.col("simulated")))
     measured = pl.concat(frames)
-    report = text_report(*compare(predicted, measured), [args.predictions, *args.measured])
+    report = text_report(*compare(predicted, measured), [args.predictions, *args.measured],
+                         ratio_tables(predicted, measured))
     print(report, end="")
     if args.out:
         Path(args.out).write_text(report)

@@ -355,6 +355,8 @@ def test_predictions_are_compared_point_by_point_with_the_measured_sweep(tmp_pat
     meas = serving_frame([dict(base, mode="store_all", concurrency=1, output_throughput=50.0, mean_tpot_ms=20.0,
                                p99_ttft_ms=100.0, simulated=False, device="H200", date="2026-12-02"),
                           dict(base, mode="store_all", concurrency=8, simulated=False, error="server died"),
+                          dict(base, mode="reconstruct", concurrency=1, output_throughput=100.0, mean_tpot_ms=10.0,
+                               p99_ttft_ms=50.0, simulated=False, device="H200", date="2026-12-02"),
                           dict(base, mode="reconstruct", concurrency=64, output_throughput=1.0, mean_tpot_ms=1.0,
                                p99_ttft_ms=1.0, simulated=False, device="H200", date="2026-12-02")])
     pred.write_parquet(tmp_path / "p.parquet")
@@ -364,6 +366,9 @@ def test_predictions_are_compared_point_by_point_with_the_measured_sweep(tmp_pat
     assert "50 / 100 (0.50)" in text and "20.00 / 10.00 (2.00)" in text and "8 / 8 (1.00)" in text
     assert "store_all   (1 points): tok/s 0.50 [0.50, 0.50]" in text
     assert "generation-short reconstruct c64 gmu 0.6" in text and "generation-short store_all c8 gmu 0.6" in text
+    # the Table-1-shaped ratios where both modes finished: TreeWY / store-all measured (predicted: equal modes)
+    assert "gmu 0.6: TreeWY / store-all, measured (SIMULATED prediction) [paper, B200]" in text
+    assert "| output throughput       |  2.00 ( 1.00) [0.94] |" in text
     assert mod.main([str(tmp_path / "m.parquet"), str(tmp_path / "m.parquet")]) == 2   # measured rows as predictions
     assert "expected the simulator's predictions" in capsys.readouterr().err
 
