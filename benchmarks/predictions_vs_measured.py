@@ -73,12 +73,17 @@ def text_report(matched, unmatched, sources, tables=()) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _num(x) -> str:
+    return "  -  " if x is None else f"{x:5.2f}"
+
+
 def ratio_tables(predicted, measured) -> list[str]:
     """Per gmu measured, the paper's Tables 1 and 3 in shape: TreeWY / store-all per metric and concurrency, geomean
     over the workloads both modes finished at that load, as measured (SIMULATED prediction over the same workloads)
     [the paper's B200 figure, a geomean over its five workloads]."""
     import polars as pl
 
+    from treewy.paper import CONCURRENCIES
     from treewy.sim.paper_tables import PAPER_TABLES
     from treewy.sim.sweep import ratio_table
 
@@ -103,10 +108,8 @@ def ratio_tables(predicted, measured) -> list[str]:
                 mv = m.filter(pl.col("concurrency") == c)[metric].item()
                 pv = p.filter(pl.col("concurrency") == c)[metric]
                 pv = pv.item() if pv.len() else None
-                i = [1, 8, 32, 64, 128, 256].index(c) if c in (1, 8, 32, 64, 128, 256) else None
-                ref = paper.get(metric, ())[i] if paper and i is not None else None
-                num = lambda x: "  -  " if x is None else f"{x:5.2f}"  # noqa: E731
-                cells.append(f"{num(mv)} ({num(pv)})" + (f" [{ref:4.2f}]" if ref is not None else "       "))
+                ref = paper[metric][CONCURRENCIES.index(c)] if paper and c in CONCURRENCIES else None
+                cells.append(f"{_num(mv)} ({_num(pv)})" + (f" [{ref:4.2f}]" if ref is not None else "       "))
             lines.append(f"| {metric:24s}|" + "".join(f" {x:>20s} |" for x in cells))
     return lines
 

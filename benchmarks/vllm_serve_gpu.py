@@ -449,7 +449,7 @@ def cmd_sweep(args) -> int:
 
     tree = {} if args.tree is None else {"tree": parse_tree(args.tree), "drafter": args.drafter}
     if tree:
-        tree["num_speculative_tokens"] = DraftTree.from_widths(tree["tree"]).num_nodes - 1
+        tree["num_speculative_tokens"] = DraftTree.from_widths(tree["tree"]).num_drafts
     out, server = dummy_35b_server(args, cudagraph_max_size=args.graph_max_tokens, **tree)
     name = (f"serve35b_{args.mode}{'' if args.tp == 1 else f'_tp{args.tp}'}"
             + ("" if not tree else "_tree" + "-".join(map(str, tree["tree"]))))
@@ -632,7 +632,6 @@ def cmd_tree_tiny(args) -> int:
     from treewy.models import load
     from treewy.models.corpus import heldout_prompts
     from treewy.serve.export import export_vllm
-    from treewy.tree import DraftTree
 
     check_gpus(1)
     out = Path(args.out)
@@ -655,7 +654,7 @@ def cmd_tree_tiny(args) -> int:
             opts = ServeOptions(model=model_dir, mode=mode, gmu=0.3, max_num_seqs=max(args.concurrency),
                                 port=args.port, max_model_len=2048, served_model_name="tiny", tree=tree,
                                 drafter=args.drafter,
-                                num_speculative_tokens=DraftTree.from_widths(tree).num_nodes - 1,
+                                num_speculative_tokens=DraftTree.from_widths(tree).num_drafts,
                                 extra_args=VLLM_026_ARGS + ["--dtype", "float32"])
             run = {"tree": list(tree), "mode": mode, "phases": {}}
             head = f"{mode} tree {tree} {args.drafter}"
@@ -741,17 +740,6 @@ def main(argv=None) -> int:
     s.add_argument("--acceptance", default=None,
                    help="treewy's --acceptance (default paper-35b on these dummy weights; none: the drafts' own, "
                         "which accept nothing here, as on 2026-11-30)")
-    a = sub.add_parser("acceptance")
-    a.add_argument("--out", required=True)
-    a.add_argument("--mode", required=True, choices=("store_all", "reconstruct"))
-    a.add_argument("--acceptance", default=None, help="treewy's --acceptance (default paper-35b)")
-    a.add_argument("--gmu", type=float, default=0.6)
-    a.add_argument("--workload", default="generation-short")
-    a.add_argument("--concurrency", default="32,256")
-    a.add_argument("--num-prompts", type=int, default=4, help="at least this many requests per point")
-    a.add_argument("--max-model-len", type=int, default=2048)
-    a.add_argument("--port", type=int, default=8041)
-    a.add_argument("--compile", default="decode", choices=tuple(COMPILE))
     s.add_argument("--tree", default=None, metavar="W1,W2,...",
                    help="serve this draft tree (k = its N drafts; acceptance per depth: the paper's Table 2 length)")
     s.add_argument("--drafter", default="mtp", choices=("mtp", "ngram"), help="the tree's drafter")
@@ -763,6 +751,17 @@ def main(argv=None) -> int:
                    help="pack results/ (per-point results, server log) into results.tar.gz at the end")
     s.add_argument("--retry-failed", action="store_true",
                    help="rerun the points the checkpoint in --out records as failed (finished ones are kept)")
+    a = sub.add_parser("acceptance")
+    a.add_argument("--out", required=True)
+    a.add_argument("--mode", required=True, choices=("store_all", "reconstruct"))
+    a.add_argument("--acceptance", default=None, help="treewy's --acceptance (default paper-35b)")
+    a.add_argument("--gmu", type=float, default=0.6)
+    a.add_argument("--workload", default="generation-short")
+    a.add_argument("--concurrency", default="32,256")
+    a.add_argument("--num-prompts", type=int, default=4, help="at least this many requests per point")
+    a.add_argument("--max-model-len", type=int, default=2048)
+    a.add_argument("--port", type=int, default=8041)
+    a.add_argument("--compile", default="decode", choices=tuple(COMPILE))
     f = sub.add_parser("fault")
     f.add_argument("--out", required=True)
     f.add_argument("--mode", default="reconstruct", choices=("store_all", "reconstruct"))

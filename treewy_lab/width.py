@@ -11,9 +11,10 @@ from dataclasses import replace
 
 import polars as pl
 
-from treewy_lab.frames import measured_runs
+from treewy_lab.frames import measured_matching, measured_runs
 from treewy_lab.setup import RESULTS_DIRS
 from treewy.schema import load_measured
+from treewy.serve.launcher_command import ServeOptions, capture_plan
 from treewy.sim import simulate
 from treewy.sim.calibrated import H200_VLLM026_DECODE_GRAPHS
 from treewy.tree import DraftTree
@@ -26,9 +27,11 @@ METRICS = {"vs_chain": "throughput / the chain's", "tokens_per_step": "tokens pe
 
 
 def sweep_server(tree):
-    """The simulator's H200 server as the sweep launches it for ``tree``: graphs up to max_num_seqs x (1 + N)."""
-    n = DraftTree.from_widths(tree).num_nodes - 1
-    return replace(H200_VLLM026_DECODE_GRAPHS, graph_max_tokens=H200_VLLM026_DECODE_GRAPHS.max_num_seqs * (1 + n))
+    """The simulator's H200 server as the sweep launches it for ``tree``: graphs as large as the launcher asks vLLM
+    for (``capture_plan``: max_num_seqs x (1 + N))."""
+    opts = ServeOptions(model="qwen3.5-35b-a3b", max_num_seqs=H200_VLLM026_DECODE_GRAPHS.max_num_seqs,
+                        num_speculative_tokens=DraftTree.from_widths(tree).num_drafts, tree=tuple(tree))
+    return replace(H200_VLLM026_DECODE_GRAPHS, graph_max_tokens=capture_plan(opts).max_size)
 
 
 def identity(rows: pl.DataFrame) -> pl.DataFrame:
@@ -54,11 +57,10 @@ def width_frame(gmu: float = 0.9, workload: str = "generation-short", trees=TREE
                     .with_columns(source=pl.lit("SIMULATED")))
         if on_point:
             on_point(i + 1, total)
-    measured = load_measured(*measured_dirs).filter(
-        (pl.col("model") == "qwen3.5-35b-a3b") & pl.col("gpu").str.to_lowercase().str.contains("h200")
-        & ((pl.col("gmu") - gmu).abs() < 0.005) & (pl.col("workload") == workload)
-        & pl.col("tree").is_in([str(t) for t in trees]) & pl.col("concurrency").is_not_null()
-        & pl.col("error").is_null() & (pl.col("failed").fill_null(0) == 0))
+    on_disk = load_measured(*measured_dirs)
+    measured = pl.concat([measured_matching(on_disk, model="qwen3.5-35b-a3b", gpu="h200", tp=1, gmu=gmu, tree=str(t),
+                                            workload=workload, max_num_seqs=H200_VLLM026_DECODE_GRAPHS.max_num_seqs)
+                          for t in trees]).filter(pl.col("concurrency").is_not_null())
     runs = [part.with_columns(source=pl.lit(label)) for label, part in measured_runs(measured)
             if part["tree"].n_unique() > 1]          # a run that served one tree has nothing to compare it with
     cols = ["source", "mode", "tree", "concurrency", "output_throughput", "mean_tpot_ms", "acceptance_length",

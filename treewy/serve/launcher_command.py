@@ -337,7 +337,7 @@ def _check_tree_options(opts: ServeOptions, tree: DraftTree) -> None:
     """A served tree runs as vLLM's chain of N = the tree's drafts: k must be N (so that vLLM reserves N + 1 slots
     and sizes its graphs and GDN buffers for them); the tree's own hooks support no prefix caching and set the
     speculative config themselves."""
-    n, text = tree.num_nodes - 1, ",".join(map(str, tree.widths))
+    n, text = tree.num_drafts, ",".join(map(str, tree.widths))
     if opts.num_speculative_tokens != n:
         raise ServeError(f"--tree {text} drafts N = {n} tokens per step, but num_speculative_tokens is "
                          f"{opts.num_speculative_tokens}: vLLM runs the tree as {n} drafts; drop -k or pass -k {n}")

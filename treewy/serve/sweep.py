@@ -202,8 +202,8 @@ class Sweep:
             return failed_row(self.cfg, p, f"the vLLM server exited with code {srv.proc.returncode} during this "
                               f"point's warm-up; last server log lines: {srv.last_log(5)}")
         if warm_error is not None:
-            return failed_row(self.cfg, p, f"a warm-up request failed ({len(warmup_bodies(self.cfg, p))} sent before "
-                              f"the point): {warm_error}")
+            return failed_row(self.cfg, p, f"a warm-up request failed ({self.cfg.warmups(p)} sent before the "
+                              f"point): {warm_error}")
         name = p.label() + ".json"
         result_path = self.result_dir / name
         result_path.unlink(missing_ok=True)

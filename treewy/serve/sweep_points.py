@@ -113,8 +113,8 @@ class SweepConfig:
             raise ServeError(f"--num-prompts {self.num_prompts}: expected a positive number of requests per load "
                              "point, e.g. 200")
         if isinstance(self.warmup_waves, bool) or not isinstance(self.warmup_waves, int) or self.warmup_waves < 0:
-            raise ServeError(f"warmup_waves = {self.warmup_waves!r}: expected 0 (no warm-up) or a positive number of "
-                             "multiple of each point's requests sent unmeasured before it, e.g. 1")
+            raise ServeError(f"warmup_waves = {self.warmup_waves!r}: expected 0 (no warm-up) or how many times each "
+                             "point's requests to send unmeasured before it, e.g. 1")
         if self.stop_after_s is not None and not self.stop_after_s > 0:
             raise ServeError(f"--stop-after {self.stop_after_s}: expected a positive number of seconds, e.g. 480")
         if self.prompts_per_concurrency < 0:

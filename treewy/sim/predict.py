@@ -20,6 +20,7 @@ import numpy as np
 import polars as pl
 
 from treewy.paper import CONCURRENCIES
+from treewy.serve.launcher_command import ServeOptions, capture_plan
 from treewy.sim.calibrated import H200_VLLM026_DECODE_GRAPHS
 from treewy.sim.sweep import simulate
 from treewy.workloads import CATALOGUE, MEASURED_WORKLOADS
@@ -28,8 +29,9 @@ GMUS = (0.6, 0.75, 0.9)
 MIN_REQUESTS = 16
 REQUESTS_PER_CONCURRENCY = 1
 WORKLOADS = MEASURED_WORKLOADS
-#: max_num_seqs x (1 + k): the largest step the launcher has vLLM capture (``launcher_command.capture_plan``)
-GRAPH_MAX_TOKENS = H200_VLLM026_DECODE_GRAPHS.max_num_seqs * (1 + 3)
+#: The largest step the launcher has vLLM capture for the sweep's server (max_num_seqs x (1 + k) = 1024)
+GRAPH_MAX_TOKENS = capture_plan(ServeOptions(model="qwen3.5-35b-a3b", num_speculative_tokens=3,
+                                             max_num_seqs=H200_VLLM026_DECODE_GRAPHS.max_num_seqs)).max_size
 SERVER = replace(H200_VLLM026_DECODE_GRAPHS, graph_max_tokens=GRAPH_MAX_TOKENS)
 
 
