@@ -11,7 +11,7 @@ k = 3 (T = 4) per request, each request with a pending window. reconstruct: the 
 ``reconstruct.vllm_spec_update`` (one launch); store_all: vLLM 0.26's ``fused_sigmoid_gating_delta_rule_update``
 called as its Qwen GDN layer calls it for the spec rows (k + 1 state blocks per request, written in place). Medians
 of CUDA-graph replays (``treewy.ops.benchmark.bench``), the profiler's per-kernel device times of one eager call,
-the chain kernel's configs timed at each batch (the pinned ``fixed_config`` beside the fastest), and the flush
+the chain kernel's configs timed at each batch (the pinned ``spec_step_config`` beside the fastest), and the flush
 (nothing pending, as on most steps with prefill rows). Needs vLLM's sources importable (PYTHONPATH=/tmp/site) or
 ``--vllm-src``. Writes gdn_step_<device>_<date>.txt / .json.
 
@@ -47,6 +47,8 @@ import treewy  # noqa: F401  (before triton: the interpreter switch where there 
 from treewy.bench.registry import measure
 
 BATCHES = (1, 16, 32, 64, 128, 256)
+#: The GDN step alone also at 2, 4 and 8: where the spec step's value tile steps up (chain.SPEC_STEP_BV).
+GDN_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DIMS = dict(H=16, HV=32, K=128, V=128)
 SMOKE = dict(batches=(1, 3), dims=dict(H=2, HV=4, K=16, V=16))
 T = 4
@@ -172,7 +174,7 @@ def cmd_gdn(args) -> int:
 
     smoke = args.smoke
     device = "cpu" if smoke else "cuda"
-    dims, batches = (SMOKE["dims"], SMOKE["batches"]) if smoke else (DIMS, BATCHES)
+    dims, batches = (SMOKE["dims"], SMOKE["batches"]) if smoke else (DIMS, GDN_BATCHES)
     vllm_mod = _vllm_module(args.vllm_src)
     rows, notes = [], []
     if vllm_mod is None:

@@ -1,4 +1,5 @@
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,15 @@ def pytest_collection_modifyitems(config, items):
         for marker, (skip, why) in skips.items():
             if skip and marker in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=why))
+
+
+def pytest_runtest_logreport(report):
+    """With TREEWY_FAILURE_LOG=FILE, each failure's test id and traceback are appended to FILE as it happens (by the
+    controller alone under xdist), so that a run cut off by a time limit still says what failed and why."""
+    path = os.environ.get("TREEWY_FAILURE_LOG")
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a") as f:
+            f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
 
 
 def _nan_filled(make):

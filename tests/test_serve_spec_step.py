@@ -21,6 +21,8 @@ import pytest
 import torch
 
 from treewy.ops.gates import gdn_gating
+from treewy.ops.verify import chain
+from treewy.ops.verify.chain import SPEC_STEP_BV
 from treewy.serve.reconstruct import (
     LEN_BITS,
     ReconstructPools,
@@ -34,6 +36,8 @@ from treewy.serve.reconstruct import (
     vllm_spec_update,
 )
 from treewy.testing import assert_close_fp32 as close
+
+import triton  # noqa: E402,I001  (after treewy.ops, which starts the Triton interpreter on a CPU machine)
 
 H, HV, K, V, T = 2, 6, 12, 10, 4
 SLOTS = 8
@@ -77,15 +81,16 @@ def batch(gen, lens, slots, dims=DIMS, key_dtype=torch.float32):
     return {n: t.to(DEVICE) for n, t in x.items()}, cu.to(DEVICE), torch.tensor(slots, device=DEVICE)
 
 
-def run_step(pools, x, cu, slots, acc, gated):
+def run_step(pools, x, cu, slots, acc, gated, config=None):
     refs = {dt: as_dtype(pools, dt) for dt in (torch.float64, torch.float32)}
     if gated:
-        o = spec_step_gated(pools, slots, acc, x["q"], x["k"], x["v"], x["A_log"], x["a"], x["b"], x["dt_bias"], cu)
+        o = spec_step_gated(pools, slots, acc, x["q"], x["k"], x["v"], x["A_log"], x["a"], x["b"], x["dt_bias"], cu,
+                            config=config)
         ro = {dt: naive_spec_step_gated(p, slots, acc, x["q"], x["k"], x["v"], x["A_log"], x["a"], x["b"],
                                         x["dt_bias"], cu, dtype=dt) for dt, p in refs.items()}
     else:
         g, beta = gdn_gating(x["A_log"], x["a"][: x["q"].shape[0]], x["b"][: x["q"].shape[0]], x["dt_bias"])
-        o = spec_step(pools, slots, acc, x["q"], x["k"], x["v"], g, beta, cu)
+        o = spec_step(pools, slots, acc, x["q"], x["k"], x["v"], g, beta, cu, config=config)
         ro = {dt: naive_spec_step(p, slots, acc, x["q"], x["k"], x["v"], g, beta, cu, dtype=dt)
               for dt, p in refs.items()}
     return o, ro, refs
@@ -110,6 +115,31 @@ def test_spec_steps_match_the_loop_twin(gated, key_dtype):
         close(f"step {step}: outputs", o[real].cpu(), ro[torch.float64][real].cpu(), ro[torch.float32][real].cpu())
         check_slots(f"step {step}", pools, refs, {int(s) for s in slots if s > 0})
         assert torch.equal(pools.state[0].view(torch.int32), null_state.view(torch.int32)), "NULL block written"
+
+
+@pytest.mark.parametrize("bv", sorted({bv for _, bv in SPEC_STEP_BV}))
+def test_every_batch_config_matches_the_loop_twin(bv):
+    """Each value tile the spec step picks by batch (``SPEC_STEP_BV``), forced at K = 48, V = 40 (a partial last
+    tile; with BV = 16 the key heads' programs split the keys 3 ways, with 8 5 ways): two steps, the second folding."""
+    dims = dict(H=2, HV=4, K=48, V=40)
+    config = triton.Config({"BV": bv, "FOLD_ROWS": 1}, num_warps=1, num_stages=1)
+    gen = torch.Generator().manual_seed(bv)
+    pools = page_pools(dims=dims)
+    for step, (lens, slots, acc) in enumerate([([3, 4, 0], [2, 5, -1], [1, 1, 1]), ([4, 2, 3], [5, 2, 3], [3, 2, 1])]):
+        x, cu, slots = batch(gen, lens, slots, dims)
+        o, ro, refs = run_step(pools, x, cu, slots, torch.tensor(acc, device=DEVICE), gated=True, config=config)
+        real = ~torch.isnan(ro[torch.float64][:, 0, 0])
+        close(f"BV={bv} step {step}: outputs", o[real].cpu(), ro[torch.float64][real].cpu(),
+              ro[torch.float32][real].cpu())
+        check_slots(f"BV={bv} step {step}", pools, refs, {int(s) for s in slots if s > 0})
+
+
+def test_the_spec_step_config_follows_the_batch(monkeypatch):
+    """Off the interpreter the value tile steps up with the batch as ``SPEC_STEP_BV`` says (under it: one config)."""
+    monkeypatch.setattr(chain, "INTERPRET", False)
+    picked = {B: chain.spec_step_config(B).kwargs["BV"] for B in (0, 1, 3, 4, 255, 256)}
+    assert picked == {0: 8, 1: 8, 3: 8, 4: 16, 255: 16, 256: 16}, picked
+    assert all(chain.spec_step_config(B).kwargs["FOLD_ROWS"] == 1 for B in picked)
 
 
 def check_slots(what, pools, refs, slots):

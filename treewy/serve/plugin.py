@@ -166,8 +166,6 @@ def _wrap_spec_update(gdn) -> None:
 def _layer_class(gdn, line: str):
     """Build the subclass of vLLM's layer for release ``line``; kept in a function so importing this module never
     imports vllm. Its three overrides are vLLM's method names (``vllm_names`` checks their parameters)."""
-    from treewy.ops.verify.chain import fixed_config
-
     class TreeWYGatedDeltaNetAttention(adapter.gdn_layer(gdn)):
         """One state block per request; the pending commit folded into the next verify."""
 
@@ -178,7 +176,6 @@ def _layer_class(gdn, line: str):
                 raise ValueError(f"TREEWY_MODE=reconstruct supports mamba_cache_mode {adapter.NO_MAMBA_CACHE!r} only, "
                                  f"got {mode!r}: serve with --no-enable-prefix-caching")
             adapter.disable_fused_paths(self, line)
-            self.treewy_config = fixed_config()
             self.treewy_window = adapter.layer_dims(self)["num_spec"] + 1   # T: the root and the k drafts
 
         def get_kv_cache_spec(self, vllm_config):
@@ -214,6 +211,6 @@ def _layer_class(gdn, line: str):
 
         def treewy_spec_update(self, **kwargs):
             """Stands in for vLLM's store-all spec kernel (its keyword arguments): returns (o [1, N, HV, V], None)."""
-            return vllm_spec_update(self.treewy_pools(), **kwargs, config=self.treewy_config)
+            return vllm_spec_update(self.treewy_pools(), **kwargs)
 
     return TreeWYGatedDeltaNetAttention

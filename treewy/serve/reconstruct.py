@@ -150,7 +150,7 @@ def spec_step(pools: ReconstructPools, slots: torch.Tensor, num_accepted: torch.
     store-all kernel leaves them); num_accepted int [B]: the previous window's accepted count (vLLM's
     ``num_accepted_tokens``; ignored where nothing is pending); q, k [N, H, K] and v [N, HV, V] packed by
     ``cu_seqlens`` [B + 1] (int32: a copy otherwise); g (log decay), beta [N, HV]. ``config``: a ``triton.Config``
-    of the chain kernel (BV, FOLD_ROWS, warps, stages; default ``treewy.ops.verify.chain.fixed_config``).
+    of the chain kernel (BV, FOLD_ROWS, warps, stages; default ``treewy.ops.verify.chain.spec_step_config(B)``, by batch).
     """
     from treewy.ops.verify.chain import chain_spec_step_fwd
 
@@ -243,8 +243,8 @@ def naive_spec_step_gated(pools: ReconstructPools, slots, num_accepted, q, k, v,
     from treewy.ops.gates import gdn_gating
 
     N = q.shape[0]
-    g, beta = gdn_gating(A_log.to(dtype), a[:N].to(dtype), b[:N].to(dtype), dt_bias.to(dtype), softplus_threshold)
-    return naive_spec_step(pools, slots, num_accepted, q, k, v, g.to(dtype), beta.to(dtype), cu_seqlens, scale=scale,
+    g, beta = gdn_gating(A_log, a[:N], b[:N], dt_bias, softplus_threshold, dtype=dtype)
+    return naive_spec_step(pools, slots, num_accepted, q, k, v, g, beta, cu_seqlens, scale=scale,
                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, dtype=dtype)
 
 

@@ -61,6 +61,23 @@ def fixed_config():
     return triton.Config({"BV": 8, "FOLD_ROWS": 1}, num_warps=1, num_stages=1)
 
 
+#: The spec step's value tile by batch, (smallest batch, BV), from the H200 profile of 2026-12-02
+#: (benchmarks/results/gdn_step_h200_2026-12-02_headeb74fad.txt, Qwen3.5-35B-A3B shapes, one warp, FOLD_ROWS = 1, one stage):
+#: BV = 8 at B = 1 (8.8 us against 10.3 for BV = 16: twice the programs on the SMs), BV = 16 from B = 16 on (627 us
+#: against 752 for BV = 8 at B = 256, within 2 % of the fastest config at 16 and 32). B = 2-15 was not timed: the
+#: switch sits at 4, where BV = 16 launches as many programs as BV = 8 at B = 2.
+SPEC_STEP_BV = ((1, 8), (4, 16))
+
+
+def spec_step_config(batch: int):
+    """The chain spec step's config for ``batch`` rows (``SPEC_STEP_BV``; under the interpreter its one config).
+    Batch is a launch shape, fixed per CUDA graph, so the choice costs nothing inside one."""
+    if INTERPRET:
+        return _configs()[0]
+    bv = max((entry for entry in SPEC_STEP_BV if entry[0] <= batch), default=SPEC_STEP_BV[0])[1]
+    return triton.Config({"BV": bv, "FOLD_ROWS": 1}, num_warps=1, num_stages=1)
+
+
 @triton.autotune(configs=_configs(), key=KEY, restore_value=["h0"],
                  prune_configs_by=None if INTERPRET else {"early_config_prune": fit_v}, **AUTOTUNE_EXTRA)
 @triton.jit(do_not_specialize=["T", "PT", "stride_ppb", "stride_pu", "stride_pk", "stride_pg", "B_BUCKET"])
@@ -233,7 +250,7 @@ def chain_spec_step_fwd(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, slots, num
     assert pk.shape[1:3] == (2, T) and pg.shape[1:3] == (2, T), "the stash's keys and decays come in two halves"
     tokens = q is not None
     o = torch.empty_like(v) if tokens else None
-    c = dict((config or fixed_config()).all_kwargs())
+    c = dict((config or spec_step_config(B)).all_kwargs())
     BV = c.pop("BV")
     share = triton.cdiv(K, triton.cdiv(V, BV) * (HV // H))    # programs per key head split its keys evenly
     chain_spec_step_kernel[(triton.cdiv(V, BV), B * HV)](
