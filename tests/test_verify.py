@@ -793,6 +793,15 @@ def test_largest_tree_and_64bit_state_offsets():
 
 # ---- the kernels' tools on a CPU: the benchmark's smoke mode, the offline compile for sm_90 ----
 
+def script_env(root, **extra) -> dict:
+    """The environment for a benchmark script run as a subprocess: the repository first on PYTHONPATH, the caller's
+    entries after it (packages installed beside the tree, as on a GPU machine), and ``extra``."""
+    import os
+
+    path = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 def test_bench_kernels_runs_end_to_end_in_smoke_mode(tmp_path):
     """benchmarks/bench_kernels.py --smoke: every section on tiny shapes under the interpreter, its table written
     with device and date, timing bars marked as reports, fla skipped with a note. Started with the interpreter off,
@@ -804,7 +813,7 @@ def test_bench_kernels_runs_end_to_end_in_smoke_mode(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root), "TRITON_INTERPRET": "0"}
+    env = script_env(root, TRITON_INTERPRET="0")
     r = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_kernels.py"), "--smoke", "--out", str(tmp_path)],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -838,7 +847,7 @@ def test_offline_compile_reports_registers_and_sass():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(root), "TRITON_DEFAULT_FP_FUSION": "1"}
+    env = script_env(root, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
     tool = str(root / "benchmarks" / "compile_offline.py")
     bv, bk, warps, stages, row_bk, prefetch = SINGLE_REQUEST[("tf32", 16)]
     single = ["--BV", bv, "--BK", bk, "--warps", warps, "--stages", stages, "--row-bk", row_bk]
