@@ -25,6 +25,7 @@ def text_table(df, meta) -> str:
 
     lines = [f"SIMULATED predictions, {meta['model']} TP1 on one H200 (simulator gpu 'h200'), made {meta['date']} by "
              f"the simulator at commit {meta['commit']}, before the GPU sweep",
+             f"server fit: {meta['fit']} (fitted to {meta['fitted_to']}: its own points are in-sample)",
              f"acceptance: {meta['acceptance']}; server: {meta['server']}",
              f"requests per point: max({meta['requests_per_concurrency']} x concurrency, {meta['min_requests']}); "
              f"workloads: {', '.join(meta['workloads'])}", ""]
@@ -59,14 +60,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="path without suffix: OUT.parquet, OUT.json and OUT.txt are written")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fit", help="the server fit to predict with (a name in the server fits table, "
+                    "treewy.sim.calibrated.fitted); default: treewy.sim.predict.DEFAULT_FIT")
     args = ap.parse_args(argv)
 
+    from treewy.results import table
     from treewy.sim import predict as P
     from treewy.sim.sweep import acceptance_rates
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rates, source = acceptance_rates((1, 1, 1))
+    fit = args.fit or P.DEFAULT_FIT
+    server = P.server_from_fit(fit)
+    fits = json.loads(table("server_fits").read_text())
     meta = {"model": "qwen3.5-35b-a3b", "gpu": "h200", "tp": 1, "date": dt.date.today().isoformat(),
             "commit": P.sim_commit(), "gmus": list(P.GMUS), "workloads": list(P.WORKLOADS),
             "concurrency": list(P.CONCURRENCIES), "min_requests": P.MIN_REQUESTS,
@@ -74,8 +81,8 @@ def main(argv=None) -> int:
             "requests_per_point": {str(c): P.requests_per_point(c) for c in P.CONCURRENCIES},
             "acceptance": f"{source}: per-depth rates {[round(float(x), 4) for x in rates]}, "
                           f"{1 + sum(float(x) for x in __import__('numpy').cumprod(rates)):.2f} tokens per step",
-            "server": repr(P.SERVER), "seed": args.seed}
-    df = P.predict(seed=args.seed)
+            "server": repr(server), "fit": fit, "fitted_to": fits[fit]["fitted_to"], "seed": args.seed}
+    df = P.predict(seed=args.seed, server=server)
     df.write_parquet(out.with_suffix(".parquet"))
     out.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
     text = text_table(df, meta)

@@ -126,19 +126,36 @@ def fit_prefill(rows, gpu: str, server, rounds: int = 3) -> tuple[float, float]:
 
 def step_cost_fit(rows, sims) -> tuple[float, float]:
     """(a, b) in ms per step: the least-squares line measured - simulated step time = a + b x running requests, over
-    paired measured and simulated rows. A step emits acceptance_length tokens per request, so its time is TPOT x
-    acceptance_length (dummy weights without synthetic acceptance: 1)."""
+    paired measured and simulated rows, b >= 0. A step emits acceptance_length tokens per request, so its time is
+    TPOT x acceptance_length (dummy weights without synthetic acceptance: 1)."""
     import numpy as np
 
     y = np.array([(r["mean_tpot_ms"] - s["mean_tpot_ms"]) * (r["acceptance_length"] or 1.0) for r, s in zip(rows, sims)])
     running = np.array([r["peak_running"] for r in rows], dtype=float)
     (a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(y), running], 1), y, rcond=None)
+    if b < 0:   # a host cost per running request is not negative: the constant alone then
+        a, b = float(y.mean()), 0.0
     return float(a), float(b)
 
 
 def admitted_at_once(row) -> bool:
     """Whether every request of a measured point's wave ran at once (nothing queued behind the pool)."""
     return row["peak_running"] == min(row["concurrency"], row["max_num_seqs"])
+
+
+def decode_bound(row, token_budget: int) -> bool:
+    """Whether a point's TPOT measures decode steps alone: its wave ran at once and the wave's prompts (at the
+    workload's centre length) fit one step's token budget (max_num_batched_tokens), so no request decodes through
+    other requests' prefill chunks
+    (summarize-short's 1,024-token prompts at 32 requests take four such steps). Workloads of unknown prompt
+    length are left out."""
+    from treewy.workloads import CATALOGUE
+
+    w = CATALOGUE.get(row["workload"])
+    if w is None or w.input_len is None:
+        return False
+    wave = min(row["concurrency"], row["max_num_seqs"])
+    return admitted_at_once(row) and wave * w.input_len <= token_budget
 
 
 def main(argv=None) -> int:
@@ -153,6 +170,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     ap.add_argument("--bench-dir", help="a folder holding the sweep's `vllm bench serve` results "
                     "(<workload>-<mode>-c<N>.json, searched recursively): adds their median and spread of TTFT")
+    ap.add_argument("--fit-name", help="also write the fitted ServerConfig into the server fits table under this "
+                    "name (treewy.sim.calibrated.fitted(NAME) reads it)")
     args = ap.parse_args(argv)
     meas = pl.read_parquet(args.measured).filter(pl.col("error").is_null(), pl.col("concurrency").is_not_null())
     rows = list(meas.iter_rows(named=True))
@@ -161,7 +180,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"{args.measured}: expected one known max_num_seqs, found {seqs}")
     assumed = ServerConfig(max_num_seqs=seqs.pop())
     first = simulate_like(rows, args.gpu, assumed)
-    fit = [i for i, r in enumerate(rows) if admitted_at_once(r)]
+    fit = [i for i, r in enumerate(rows) if decode_bound(r, assumed.max_num_batched_tokens)]
     a, b = step_cost_fit([rows[i] for i in fit], [first[i] for i in fit])
     top = graph_max_tokens(rows)
     graphs = dataclasses.replace(assumed, host_overhead_s=assumed.host_overhead_s + a * 1e-3,
@@ -179,8 +198,9 @@ def main(argv=None) -> int:
     r0 = rows[0]
     lines = [f"Simulator vs measured: {r0['model']}, {r0['device']} ({r0['date']}, measured) vs '{args.gpu}' (SIMULATED), "
              f"gmu {r0['gmu']}, tp {r0['tp']}, max_num_seqs {assumed.max_num_seqs}, weights {r0['weights']}",
-             f"fit over the {len(fit)} points whose whole wave ran at once (peak running = concurrency: decode "
-             "steps only; the others queue, and their prefills share steps): "
+             f"fit over the {len(fit)} points whose whole wave ran at once and whose prompts fit one step's "
+             f"{assumed.max_num_batched_tokens} tokens (decode steps only; in the others requests queue, or decode "
+             "through prefill chunks): "
              f"(measured TPOT - assumed TPOT) x tokens per step = {a:.3f} ms + {b:.4f} ms x running requests per step "
              f"(host_overhead_s {assumed.host_overhead_s:.2e} -> {fitted.host_overhead_s:.2e}, "
              f"host_per_request_s 0 -> {fitted.host_per_request_s:.2e})",
@@ -224,7 +244,47 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(text + "\n")
         print(f"wrote {args.out}")
+    if args.fit_name:
+        entry = fit_entry(fitted, rows, args.measured, len(fit), len(queued), len(clean), args.out)
+        print(f"wrote {write_fit(args.fit_name, entry)} ({args.fit_name})")
     return 0
+
+
+#: The ServerConfig fields a fit sets (the memory side keeps ServerConfig's defaults).
+FIT_FIELDS = ("max_num_seqs", "host_overhead_s", "host_per_request_s", "graph_max_tokens", "graphs_decode_only",
+              "eager_step_s", "prefill_request_s", "prefill_token_s")
+
+
+def fit_entry(server, rows, measured: str, n_fit: int, n_queued: int, n_clean: int, report: str | None) -> dict:
+    """The server fits table's entry for a fit: the ServerConfig, where and how it was measured and fitted."""
+    r0 = rows[0]
+    graphs = f"decode-only full CUDA graphs up to {server.graph_max_tokens} tokens"
+    fields = {k: getattr(server, k) for k in FIT_FIELDS}
+    return {"server": {k: float(f"{v:.3g}") if isinstance(v, float) else v for k, v in fields.items()},
+            "device": f"NVIDIA {str(r0['device']).upper()}" if r0["device"] else None, "date": r0["date"],
+            "engine": "vLLM 0.26.0", "served_as": f"benchmarks/vllm_serve_gpu.py sweep: {graphs}, no torch.compile, "
+            f"max_num_seqs {server.max_num_seqs}, weights {r0['weights']}, acceptance {r0.get('acceptance_source')}",
+            "fitted_to": Path(measured).name, "points": len(rows),
+            "fit": [f"host_overhead_s and host_per_request_s: least squares of (measured - assumed TPOT) x tokens per "
+                    f"step on the {n_fit} decode-bound points (benchmarks/sim_vs_measured.py decode_bound)",
+                    f"eager_step_s: on the {n_queued} other points (a step with a prefill chunk, or more tokens than "
+                    "the largest graph, runs without CUDA graphs)",
+                    f"prefill_request_s, prefill_token_s: on the relative mean TTFT of the {n_clean} clean points "
+                    "(ttft_clean), then eager_step_s again"],
+            "report": report}
+
+
+def write_fit(name: str, entry: dict, data_dir=None) -> Path:
+    """Add (or replace) ``name`` in the server fits table (kind "server_fits" of treewy/data/index.json)."""
+    import json
+
+    from treewy.results import table
+
+    path = table("server_fits", data_dir)
+    fits = json.loads(path.read_text())
+    fits[name] = entry
+    path.write_text(json.dumps(fits, indent=1) + "\n")
+    return path
 
 
 if __name__ == "__main__":

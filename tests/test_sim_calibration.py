@@ -116,3 +116,58 @@ def test_step_costs_are_fitted_per_step_when_drafts_are_accepted():
     assert graph_max_tokens([{"cudagraph_max_size": 1024}] * 2) == 1024 and graph_max_tokens([{}]) == 512
     with pytest.raises(SystemExit, match="different CUDA graph sizes"):
         graph_max_tokens([{"cudagraph_max_size": 512}, {"cudagraph_max_size": 1024}])
+
+
+MEASURED_ACCEPTED = DATA_DIR / "serving_qwen3.5-35b-a3b_h200_gmu0.6_2026-12-02.parquet"
+
+
+def test_decode_bound_points_carry_no_prefill_chunk_beside_their_decodes():
+    """The refit's host costs come from the points whose wave ran at once and whose prompts fit one step's tokens:
+    summarize-short (1,024-token prompts) up to 8 requests, generation-short (64) up to 128; never a queued point or
+    a workload of unknown length."""
+    from benchmarks.sim_vs_measured import decode_bound
+
+    rows = list(pl.read_parquet(MEASURED_ACCEPTED).iter_rows(named=True))
+    bound = {(r["workload"], r["mode"], r["concurrency"]) for r in rows if decode_bound(r, 8192)}
+    assert ("summarize-short", "reconstruct", 8) in bound and ("summarize-short", "reconstruct", 32) not in bound
+    assert ("generation-short", "reconstruct", 128) in bound and ("generation-short", "store_all", 64) not in bound
+    assert ("balanced-short", "reconstruct", 64) in bound and ("balanced-short", "reconstruct", 128) not in bound
+    assert len(bound) == 16
+    assert not decode_bound({**rows[0], "workload": "mt-bench"}, 8192)
+
+
+def test_a_negative_per_request_slope_is_fitted_as_a_constant():
+    from benchmarks.sim_vs_measured import step_cost_fit
+
+    rows = [{"mean_tpot_ms": 12.0 - 0.01 * n, "acceptance_length": 1.0, "peak_running": n} for n in (1, 8, 32, 64)]
+    a, b = step_cost_fit(rows, [{"mean_tpot_ms": 2.0}] * 4)
+    assert b == 0.0 and a == pytest.approx(sum(10.0 - 0.01 * n for n in (1, 8, 32, 64)) / 4)
+
+
+def test_the_refit_prices_the_accepted_sweeps_decode_points(tmp_path):
+    """H200_VLLM026_GRAPHS1024_ACCEPTED (fitted to the 2026-12-02 sweep): at the decode-bound points from 32
+    requests up, TPOT within 15 % of vLLM's on generation-short and 40 % on balanced-short, admitted requests within
+    4; and a fit is written into the table it is read from."""
+    import json
+    import shutil
+
+    from benchmarks.sim_vs_measured import decode_bound, fit_entry, write_fit
+    from treewy.results import INDEX_NAME, table
+    from treewy.sim.calibrated import H200_VLLM026_GRAPHS1024_ACCEPTED as refit
+
+    assert refit.graph_max_tokens == 1024 and refit.host_per_request_s >= 0
+    rows = [r for r in pl.read_parquet(MEASURED_ACCEPTED).iter_rows(named=True)
+            if decode_bound(r, 8192) and r["concurrency"] >= 32]
+    assert len(rows) == 6
+    for r in rows:
+        s = simulate_measured_point(r, "h200", refit)
+        assert abs(s["peak_running"] - r["peak_running"]) <= 4
+        bound = 0.15 if r["workload"] == "generation-short" else 0.4     # balanced-short at 32: 9.3 vs 6.85 ms
+        assert abs(s["mean_tpot_ms"] / r["mean_tpot_ms"] - 1) < bound, (r["workload"], r["mode"], r["concurrency"])
+    shutil.copy(DATA_DIR / INDEX_NAME, tmp_path / INDEX_NAME)
+    shutil.copy(table("server_fits"), tmp_path / table("server_fits").name)
+    path = write_fit("TEST_FIT", fit_entry(refit, rows, str(MEASURED_ACCEPTED), 6, 0, 0, None), tmp_path)
+    entry = json.loads(path.read_text())["TEST_FIT"]
+    assert ServerConfig(**entry["server"]) == dataclasses.replace(ServerConfig(), **entry["server"])
+    assert entry["server"]["host_overhead_s"] == pytest.approx(refit.host_overhead_s, rel=1e-2)
+    assert entry["fitted_to"] == MEASURED_ACCEPTED.name and entry["points"] == 6

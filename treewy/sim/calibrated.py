@@ -14,6 +14,13 @@ come from the time to first token of the points that paid no one-time cost and d
 (``benchmarks/results/ttft_explained_2026-12-01.md``): a wave sent at once waits for the prefill step that holds it,
 which costs a few ms per request more than the roofline and the decode-step fit priced; with them the eager-step cost
 was fitted again, and moved down. The memory side needed no change.
+
+``H200_VLLM026_GRAPHS1024_ACCEPTED``: the same server with graphs captured up to 1024 tokens and vLLM's synthetic
+acceptance at the paper's 35B chain (3.23 tokens per step), refitted on 2026-12-02 to that sweep at gmu 0.6
+(``benchmarks/results/sim_vs_measured_qwen3.5-35b-a3b_h200_gmu0.6_accepted_2026-12-02.txt``), its host costs on the
+points whose TPOT measures decode steps alone (``decode_bound``: summarize-short's long prompts interleave prefill
+chunks with decoding from 32 requests up, which the first fit's per-request term had absorbed). Its predictions for
+the gmus not yet measured are committed before they run; until they are compared, the first fit stays the default.
 """
 
 from __future__ import annotations
@@ -33,3 +40,4 @@ def fitted(name: str) -> ServerConfig:
 
 
 H200_VLLM026_DECODE_GRAPHS = fitted("H200_VLLM026_DECODE_GRAPHS")
+H200_VLLM026_GRAPHS1024_ACCEPTED = fitted("H200_VLLM026_GRAPHS1024_ACCEPTED")

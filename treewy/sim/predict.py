@@ -32,7 +32,16 @@ WORKLOADS = MEASURED_WORKLOADS
 #: The largest step the launcher has vLLM capture for the sweep's server (max_num_seqs x (1 + k) = 1024)
 GRAPH_MAX_TOKENS = capture_plan(ServeOptions(model="qwen3.5-35b-a3b", num_speculative_tokens=3,
                                              max_num_seqs=H200_VLLM026_DECODE_GRAPHS.max_num_seqs)).max_size
+#: The server fit the predictions price steps with (``treewy.sim.calibrated``).
+DEFAULT_FIT = "H200_VLLM026_DECODE_GRAPHS"
 SERVER = replace(H200_VLLM026_DECODE_GRAPHS, graph_max_tokens=GRAPH_MAX_TOKENS)
+
+
+def server_from_fit(name: str):
+    """The server fit ``name`` (``treewy.sim.calibrated.fitted``) with graphs captured as the sweep's launcher asks."""
+    from treewy.sim.calibrated import fitted
+
+    return replace(fitted(name), graph_max_tokens=GRAPH_MAX_TOKENS)
 
 
 def requests_per_point(concurrency: int) -> int:
