@@ -263,3 +263,25 @@ def test_a_slow_panel_is_on_screen_before_its_first_run(monkeypatch):
     assert len(shown) == 2
     p._ipython_display_()
     assert [what for what, _ in shown] == ["display", "update", "display"]
+
+
+def test_a_measured_runs_twin_captures_the_graphs_its_server_captured():
+    from treewy_lab.panels.serving import captured_graphs
+
+    assert captured_graphs(pl.DataFrame({"cudagraph_max_size": [1024, 1024, None]})) == {"graph_max_tokens": 1024}
+    assert captured_graphs(pl.DataFrame({"cudagraph_max_size": [512, 1024]})) == {}      # two servers: no one size
+    assert captured_graphs(pl.DataFrame({"concurrency": [1]})) == {}                     # tables from before the column
+
+
+def test_the_refitted_step_costs_are_a_choice_of_the_serving_panel():
+    from treewy_lab.panels import ServingPanel
+    from treewy_lab.panels.serving import STEP_COSTS
+
+    refit = "refitted: H200, vLLM 0.26, graphs to 1024, accepted drafts"
+    assert STEP_COSTS[refit].graph_max_tokens == 1024
+    tpot = {}
+    for costs in ("fitted: H200, vLLM 0.26, decode graphs", refit):
+        p = ServingPanel(concurrency=(1, 32), gpu="h200", gmu=0.6, workload="generation-short", max_num_seqs=256,
+                         step_costs=costs)
+        tpot[costs] = p.frames["simulated"].filter(pl.col("concurrency") == 1)["mean_tpot_ms"].to_list()
+    assert tpot[refit] != tpot["fitted: H200, vLLM 0.26, decode graphs"]

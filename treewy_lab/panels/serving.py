@@ -17,7 +17,7 @@ from treewy.memory import GPU, ModelSpec, ServerConfig
 from treewy.schema import load_measured
 from treewy.paper import SERVING_RATIOS, SHAPES
 from treewy.sim import CONCURRENCIES, knee, ratio_table, simulate
-from treewy.sim.calibrated import H200_VLLM026_DECODE_GRAPHS
+from treewy.sim.calibrated import H200_VLLM026_DECODE_GRAPHS, H200_VLLM026_GRAPHS1024_ACCEPTED
 from treewy.workloads import CATALOGUE
 
 MODELS = ["qwen3.5-35b-a3b", "qwen3.5-397b-a17b", "qwen3-next-80b-a3b"]
@@ -29,7 +29,8 @@ ACCEPTANCE = {"paper's": None, "none (dummy weights)": 1.0}
 #: paper's rate (vLLM's synthetic sampler) or by real weights, or dummy weights' runs that accepted nothing.
 MEASURED_ACCEPTANCE = {"paper's": "paper", "none (dummy weights)": "none"}
 #: The step's fixed costs: assumed, or fitted to a measured sweep (treewy.sim.calibrated).
-STEP_COSTS = {"assumed": ServerConfig(), "fitted: H200, vLLM 0.26, decode graphs": H200_VLLM026_DECODE_GRAPHS}
+STEP_COSTS = {"assumed": ServerConfig(), "fitted: H200, vLLM 0.26, decode graphs": H200_VLLM026_DECODE_GRAPHS,
+              "refitted: H200, vLLM 0.26, graphs to 1024, accepted drafts": H200_VLLM026_GRAPHS1024_ACCEPTED}
 DUMMY_NOTE = ("dummy weights: acceptance is meaningless there; memory, admission, preemptions, TTFT and throughput "
               "are real")
 
@@ -143,6 +144,15 @@ def _gpu_key(device: str) -> str | None:
     return next((g for g in GPUS if g in words), None)
 
 
+def captured_graphs(rows: pl.DataFrame) -> dict:
+    """{"graph_max_tokens": N} where a measured run's rows record the one CUDA graph size its server captured up to
+    (cudagraph_max_size), so its simulated twin runs eagerly where the server did; {} where they record none."""
+    if "cudagraph_max_size" not in rows.columns:
+        return {}
+    sizes = rows["cudagraph_max_size"].drop_nulls().unique().to_list()
+    return {"graph_max_tokens": int(sizes[0])} if len(sizes) == 1 else {}
+
+
 #: A simulated ratio and a measured one "part" where one is more than this many times the other.
 PART_FACTOR = 1.5
 
@@ -150,7 +160,8 @@ PART_FACTOR = 1.5
 def measured_ratio_figure(measured_dirs=RESULTS_DIRS, on_point=None) -> dict:
     """The measured TreeWY / store-all ratios of every measured run on disk, one chart per gmu, over the simulated
     twin of each run (same model, GPU, TP, gmu, tree, max seqs, workloads and concurrencies; acceptance as the run
-    had it; the H200 fit of the fixed costs on an H200) and the paper's where they apply. Ratios are the geomean
+    had it; the H200 fit of the fixed costs on an H200, with the CUDA graphs the run's server captured) and the
+    paper's where they apply. Ratios are the geomean
     over the run's workloads. Returns {"chart", "ratios", "parting"}: parting lists each (gmu, metric,
     concurrency) where a run's simulated and measured ratios differ by more than PART_FACTOR either way.
     on_point(done, total): progress over the simulated points."""
@@ -168,7 +179,7 @@ def measured_ratio_figure(measured_dirs=RESULTS_DIRS, on_point=None) -> dict:
         widths = tuple(int(x) for x in tree.strip("()").split(","))
         accepted = part["acceptance_length"].mean() if part["acceptance_length"].is_not_null().any() else None
         server = replace(H200_VLLM026_DECODE_GRAPHS if key == "h200" else ServerConfig(),
-                         max_num_seqs=seqs or ServerConfig().max_num_seqs)
+                         max_num_seqs=seqs or ServerConfig().max_num_seqs, **captured_graphs(part))
         sims = []
         for mode in ("store_all", "reconstruct"):
             for workload in part["workload"].unique(maintain_order=True):
