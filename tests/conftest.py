@@ -18,12 +18,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_runtest_logreport(report):
-    """With TREEWY_FAILURE_LOG=FILE, each failure's test id and traceback are appended to FILE as it happens (by the
-    controller alone under xdist), so that a run cut off by a time limit still says what failed and why."""
-    path = os.environ.get("TREEWY_FAILURE_LOG")
-    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
-        with open(path, "a") as f:
+    """As each test ends (written by the controller alone under xdist), so that a run cut off by a time limit still
+    says what it did: with TREEWY_FAILURE_LOG=FILE each failure's test id and traceback are appended to FILE; with
+    TREEWY_DURATION_LOG=FILE each test's outcome and seconds (the slow ones are what to split off next time)."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return
+    failures, durations = os.environ.get("TREEWY_FAILURE_LOG"), os.environ.get("TREEWY_DURATION_LOG")
+    if failures and report.failed:
+        with open(failures, "a") as f:
             f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+    if durations and (report.when == "call" or report.skipped):
+        with open(durations, "a") as f:
+            f.write(f"{report.outcome:8s} {report.duration:8.2f} {report.nodeid}\n")
 
 
 def _nan_filled(make):
