@@ -111,6 +111,11 @@ def ratio_tables(predicted, measured) -> list[str]:
                 ref = paper[metric][CONCURRENCIES.index(c)] if paper and c in CONCURRENCIES else None
                 cells.append(f"{_num(mv)} ({_num(pv)})" + (f" [{ref:4.2f}]" if ref is not None else "       "))
             lines.append(f"| {metric:24s}|" + "".join(f" {x:>20s} |" for x in cells))
+        every = set(pairs["workload"].to_list())
+        for c in concs:
+            some = set(pairs.filter(pl.col("concurrency") == c)["workload"].to_list())
+            if some != every:
+                lines.append(f"(at {c}: {', '.join(sorted(some))} alone: the other workloads lack a mode there)")
     return lines
 
 
