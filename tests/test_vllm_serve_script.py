@@ -358,17 +358,22 @@ def test_predictions_are_compared_point_by_point_with_the_measured_sweep(tmp_pat
                           dict(base, mode="reconstruct", concurrency=1, output_throughput=100.0, mean_tpot_ms=10.0,
                                p99_ttft_ms=50.0, simulated=False, device="H200", date="2026-12-02"),
                           dict(base, mode="reconstruct", concurrency=64, output_throughput=1.0, mean_tpot_ms=1.0,
-                               p99_ttft_ms=1.0, simulated=False, device="H200", date="2026-12-02")])
+                               p99_ttft_ms=1.0, simulated=False, device="H200", date="2026-12-02")]
+                         + [dict(base, workload="summarize-short", mode=m, concurrency=c, output_throughput=x,
+                                 mean_tpot_ms=10.0, p99_ttft_ms=50.0, simulated=False, device="H200", date="2026-12-02")
+                            for c in (1, 8) for m, x in (("store_all", 50.0), ("reconstruct", 100.0))])
+    pred = pl.concat([pred, pred.with_columns(workload=pl.lit("summarize-short"))])
     pred.write_parquet(tmp_path / "p.parquet")
     meas.write_parquet(tmp_path / "m.parquet")
     assert mod.main([str(tmp_path / "p.parquet"), str(tmp_path / "m.parquet"), "--out", str(tmp_path / "r.txt")]) == 0
     text = (tmp_path / "r.txt").read_text()
     assert "50 / 100 (0.50)" in text and "20.00 / 10.00 (2.00)" in text and "8 / 8 (1.00)" in text
-    assert "store_all   (1 points): tok/s 0.50 [0.50, 0.50]" in text
+    assert "store_all   (3 points): tok/s 0.50 [0.50, 0.50]" in text
     assert "generation-short reconstruct c64 gmu 0.6" in text and "generation-short store_all c8 gmu 0.6" in text
     # the Table-1-shaped ratios where both modes finished: TreeWY / store-all measured (predicted: equal modes)
     assert "gmu 0.6: TreeWY / store-all, measured (SIMULATED prediction) [paper, B200]" in text
     assert "| output throughput       |  2.00 ( 1.00) [0.94] |" in text
+    assert "(at 8: summarize-short alone: the other workloads lack a mode there)" in text
     assert mod.main([str(tmp_path / "m.parquet"), str(tmp_path / "m.parquet")]) == 2   # measured rows as predictions
     assert "expected the simulator's predictions" in capsys.readouterr().err
 
