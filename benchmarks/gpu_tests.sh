@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU test run, for a machine with a CUDA GPU and the project's dependencies (a GPU machine lacking polars gets
+# it from a carried wheel under .whl/). Writes under OUT: gpu_tests.log (pytest -v -rf), failures.txt (each
+# failure's traceback as it happens) and durations.txt (each test's seconds), so that a run cut off by its time
+# limit still says what failed and what was slow.
+#
+#     bash benchmarks/gpu_tests.sh OUT [LIMIT_S] [first test ids ...]
+#
+# The tests given after LIMIT_S run first, on their own; then every GPU test file below, 12 workers, under what is
+# left of LIMIT_S (default 560 s), with the property tests at 100 examples.
+set -u
+out=${1:?usage: gpu_tests.sh OUT [LIMIT_S] [first test ids ...]}
+limit=${2:-560}
+shift $(( $# >= 2 ? 2 : 1 ))
+mkdir -p "$out"
+start=$(date +%s)
+if ! python3 -c "import polars" 2>/dev/null && ls .whl/polars-*.whl >/dev/null 2>&1; then
+    pip install -q --no-index --no-deps --target /tmp/pl .whl/polars-*.whl >/dev/null 2>&1
+    export PYTHONPATH=/tmp/pl${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TREEWY_PROPERTY_EXAMPLES=100
+export TREEWY_FAILURE_LOG=$out/failures.txt TREEWY_DURATION_LOG=$out/durations.txt
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/gpu_tests.log" 2>&1
+if [ $# -gt 0 ]; then
+    timeout $(( limit / 3 )) python3 -m pytest -v -rf -p no:cacheprovider "$@" >> "$out/gpu_tests.log" 2>&1
+fi
+left=$(( limit - ($(date +%s) - start) ))
+timeout "$left" python3 -m pytest -v -rf -n 12 -p no:cacheprovider \
+    tests/test_serve_spec_step.py tests/test_serve_reconstruct.py tests/test_verify.py tests/test_commit.py \
+    tests/test_store_all.py tests/test_conv.py tests/test_input_checks.py tests/test_properties.py \
+    tests/test_decode_graph.py tests/test_tree_attention.py tests/test_serve_tree_spec.py \
+    tests/test_serve_tree_plugin.py >> "$out/gpu_tests.log" 2>&1
+rc=$?
+grep -E "passed|failed" "$out/gpu_tests.log" | tail -2
+echo "pytest rc=$rc (124: cut off at the time limit)"
+exit $rc
