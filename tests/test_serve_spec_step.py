@@ -261,4 +261,3 @@ def test_engine_profile_tables_sum_kernels_per_layer_kind():
     text = prof.engine_text(reports)
     assert "B = 16: host step (ms) store_all 21.00, reconstruct 20.00" in text
     assert "gdn spec step" in text and "150.0" in text
-
