@@ -25,12 +25,19 @@ METRICS = [("output_throughput", "tok/s", ".0f"), ("mean_tpot_ms", "TPOT ms", ".
            ("p99_ttft_ms", "p99 TTFT ms", ".0f"), ("peak_running", "running", "d")]
 
 
+def good_points(measured):
+    """The measured rows of points that ran: no error, no failed request."""
+    import polars as pl
+
+    return measured.filter(pl.col("error").is_null() & (pl.col("failed").fill_null(0) == 0))
+
+
 def compare(predicted, measured):
     """(one row per matched point with metric, metric_predicted and metric_ratio columns; the measured rows that
     matched no prediction or failed)."""
     import polars as pl
 
-    good = measured.filter(pl.col("error").is_null() & (pl.col("failed").fill_null(0) == 0))
+    good = good_points(measured)
     pred = predicted.select(KEYS + [pl.col(c).alias(f"{c}_predicted") for c, _, _ in METRICS])
     joined = good.select(KEYS + [c for c, _, _ in METRICS] + ["date", "device"]).join(pred, on=KEYS, how="left")
     joined = joined.with_columns(
@@ -87,7 +94,7 @@ def ratio_tables(predicted, measured) -> list[str]:
     from treewy.sim.paper_tables import PAPER_TABLES
     from treewy.sim.sweep import ratio_table
 
-    good = measured.filter(pl.col("error").is_null() & (pl.col("failed").fill_null(0) == 0))
+    good = good_points(measured)
     lines = []
     for gmu in sorted(set(good["gmu"].to_list())):
         meas = good.filter(pl.col("gmu") == gmu)

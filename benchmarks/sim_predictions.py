@@ -64,8 +64,8 @@ def main(argv=None) -> int:
                     "treewy.sim.calibrated.fitted); default: treewy.sim.predict.DEFAULT_FIT")
     args = ap.parse_args(argv)
 
-    from treewy.results import table
     from treewy.sim import predict as P
+    from treewy.sim.calibrated import fit_record
     from treewy.sim.sweep import acceptance_rates
 
     out = Path(args.out)
@@ -73,7 +73,6 @@ def main(argv=None) -> int:
     rates, source = acceptance_rates((1, 1, 1))
     fit = args.fit or P.DEFAULT_FIT
     server = P.server_from_fit(fit)
-    fits = json.loads(table("server_fits").read_text())
     meta = {"model": "qwen3.5-35b-a3b", "gpu": "h200", "tp": 1, "date": dt.date.today().isoformat(),
             "commit": P.sim_commit(), "gmus": list(P.GMUS), "workloads": list(P.WORKLOADS),
             "concurrency": list(P.CONCURRENCIES), "min_requests": P.MIN_REQUESTS,
@@ -81,7 +80,7 @@ def main(argv=None) -> int:
             "requests_per_point": {str(c): P.requests_per_point(c) for c in P.CONCURRENCIES},
             "acceptance": f"{source}: per-depth rates {[round(float(x), 4) for x in rates]}, "
                           f"{1 + sum(float(x) for x in __import__('numpy').cumprod(rates)):.2f} tokens per step",
-            "server": repr(server), "fit": fit, "fitted_to": fits[fit]["fitted_to"], "seed": args.seed}
+            "server": repr(server), "fit": fit, "fitted_to": fit_record(fit)["fitted_to"], "seed": args.seed}
     df = P.predict(seed=args.seed, server=server)
     df.write_parquet(out.with_suffix(".parquet"))
     out.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")

@@ -146,9 +146,8 @@ def admitted_at_once(row) -> bool:
 def decode_bound(row, token_budget: int) -> bool:
     """Whether a point's TPOT measures decode steps alone: its wave ran at once and the wave's prompts (at the
     workload's centre length) fit one step's token budget (max_num_batched_tokens), so no request decodes through
-    other requests' prefill chunks
-    (summarize-short's 1,024-token prompts at 32 requests take four such steps). Workloads of unknown prompt
-    length are left out."""
+    other requests' prefill chunks (summarize-short's 1,024-token prompts at 32 requests take four such steps).
+    Workloads of unknown prompt length are left out."""
     from treewy.workloads import CATALOGUE
 
     w = CATALOGUE.get(row["workload"])
@@ -159,7 +158,6 @@ def decode_bound(row, token_budget: int) -> bool:
 
 
 def main(argv=None) -> int:
-    import numpy as np
     import polars as pl
 
     from treewy.memory import ServerConfig

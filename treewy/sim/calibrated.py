@@ -31,12 +31,17 @@ from treewy.memory import ServerConfig
 from treewy.results import table
 
 
-def fitted(name: str) -> ServerConfig:
-    """The ServerConfig the server fits table holds under ``name``."""
+def fit_record(name: str) -> dict:
+    """The server fits table's entry ``name``: its ServerConfig fields, device, date, what it was fitted to and how."""
     fits = json.loads(table("server_fits").read_text())
     if name not in fits:
         raise ValueError(f"name = {name!r}: the server fits table has {', '.join(fits)}")
-    return ServerConfig(**fits[name]["server"])
+    return fits[name]
+
+
+def fitted(name: str) -> ServerConfig:
+    """The ServerConfig the server fits table holds under ``name``."""
+    return ServerConfig(**fit_record(name)["server"])
 
 
 H200_VLLM026_DECODE_GRAPHS = fitted("H200_VLLM026_DECODE_GRAPHS")

@@ -21,7 +21,7 @@ import polars as pl
 
 from treewy.paper import CONCURRENCIES
 from treewy.serve.launcher_command import ServeOptions, capture_plan
-from treewy.sim.calibrated import H200_VLLM026_DECODE_GRAPHS
+from treewy.sim.calibrated import H200_VLLM026_DECODE_GRAPHS, fitted
 from treewy.sim.sweep import simulate
 from treewy.workloads import CATALOGUE, MEASURED_WORKLOADS
 
@@ -34,14 +34,14 @@ GRAPH_MAX_TOKENS = capture_plan(ServeOptions(model="qwen3.5-35b-a3b", num_specul
                                              max_num_seqs=H200_VLLM026_DECODE_GRAPHS.max_num_seqs)).max_size
 #: The server fit the predictions price steps with (``treewy.sim.calibrated``).
 DEFAULT_FIT = "H200_VLLM026_DECODE_GRAPHS"
-SERVER = replace(H200_VLLM026_DECODE_GRAPHS, graph_max_tokens=GRAPH_MAX_TOKENS)
 
 
 def server_from_fit(name: str):
     """The server fit ``name`` (``treewy.sim.calibrated.fitted``) with graphs captured as the sweep's launcher asks."""
-    from treewy.sim.calibrated import fitted
-
     return replace(fitted(name), graph_max_tokens=GRAPH_MAX_TOKENS)
+
+
+SERVER = server_from_fit(DEFAULT_FIT)
 
 
 def requests_per_point(concurrency: int) -> int:

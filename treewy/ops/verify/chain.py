@@ -15,8 +15,9 @@ and no state (the commit stays pending).
 (``treewy.serve.reconstruct.spec_step``): it reads the packed (varlen) window by cu_seqlens and, with RAW_GATES,
 the layer's raw gates; it finds each row's pending node from the slot's stash length and vLLM's accepted count,
 and writes the new window's stash (u, k, g, length) into the slot itself, the keys and decays into the half of the
-slot's double buffer that the pending window does not hold (parity with the loop twins under the interpreter; not
-yet run on a GPU in that layout).
+slot's double buffer that the pending window does not hold (parity with the loop twins under the interpreter and,
+on an H200 on 2026-12-02, for the spec steps: the flush at pending node 2 failed there, not yet explained:
+benchmarks/results/gpu_tests_h200_2026-12-02.md).
 """
 
 from __future__ import annotations
