@@ -223,7 +223,7 @@ def tree_spec_update(pools: ReconstructPools, serving: TreeServing, *, A_log, a,
         pend = PendingCommit(pools.u[slots], pk[slots], pg[slots], lay.parents32, acc)
         o, u = _ops(q.device).tree_step(qw, kw, vw, g, beta, state, lay.parents32, pend, lay.max_depth)
         pools.state[slots] = state
-    pools.u[slots], pk[slots], pg[slots] = u, kw.float(), g
+    pools.u[slots], pk[slots], pg[slots] = u, kw, g        # the stash keeps the keys in its own dtype
     return o.reshape(1, B * T, *o.shape[-2:]).to(v.dtype), None
 
 
