@@ -802,6 +802,23 @@ def script_env(root, **extra) -> dict:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
+def test_the_interpreter_takes_a_one_element_tensor_as_a_loop_bound():
+    """Triton 3.6's interpreter made a scalar tensor an index with int() on its 1-element array, which NumPy 2.4
+    refuses: the path kernel's depth loop failed there (the smoke benchmark on the GPU machine, 2026-12-02).
+    treewy.ops._triton gives every release the squeeze."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from triton.runtime import interpreter
+
+    import treewy.ops._triton  # noqa: F401
+
+    attrs = {}
+    interpreter._patch_lang_tensor(object, SimpleNamespace(set_attr=lambda obj, name, value: attrs.update({name: value})))
+    depth = SimpleNamespace(handle=SimpleNamespace(data=np.array([3], dtype=np.int32)))
+    assert attrs["__index__"](depth) == 3
+
+
 def test_bench_kernels_runs_end_to_end_in_smoke_mode(tmp_path):
     """benchmarks/bench_kernels.py --smoke: every section on tiny shapes under the interpreter, its table written
     with device and date, timing bars marked as reports, fla skipped with a note. Started with the interpreter off,

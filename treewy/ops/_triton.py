@@ -27,6 +27,27 @@ if INTERPRET and treewy.TRITON_IMPORTED_FIRST:
                       "it), or start Python with TRITON_INTERPRET=1")
 
 
+def _squeeze_loop_bounds() -> None:
+    """Triton 3.6's interpreter makes a tensor a Python index (a ``range`` bound such as a path's depth) with
+    ``int(data)``, which NumPy 2.4 refuses for the 1-element arrays it holds scalars in; 3.9 squeezes them first.
+    Give every release the squeeze (a no-op where the release has it)."""
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "squeezes_index", False):
+        return
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patched.squeezes_index = True
+    interpreter._patch_lang_tensor = patched
+
+
+_squeeze_loop_bounds()
+
+
 def is_capturing() -> bool:
     """True while a CUDA graph is being captured on the current stream (no host syncs allowed)."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()

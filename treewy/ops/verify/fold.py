@@ -88,7 +88,9 @@ def _pending_key_scale(i_b64, i_h, pk, o_p, rank, PT, H: tl.constexpr, K: tl.con
             b_k = tl.load(pk + ((i_b64 * PT + o_p[:, None]) * H + i_h) * K + o_k[None, :],
                           mask=on[:, None] & (o_k < K)[None, :], other=0).to(tl.float32)
             b_n += tl.sum(b_k * b_k, 1)
-        return 1.0 / tl.sqrt(b_n + 1e-6)
+        # correctly rounded: a GPU's approximate sqrt and division (about 2 ulp each) put the flushed state of
+        # test_flush_commits_the_accepted_node_without_a_host_sync 1.15x above its bound (H200, 2026-12-02)
+        return tl.div_rn(tl.full([BPT], 1.0, dtype=tl.float32), tl.sqrt_rn(b_n + 1e-6))
     return b_n + 1.0
 
 
