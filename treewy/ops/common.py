@@ -22,6 +22,15 @@ def _program(H: tl.constexpr, HV: tl.constexpr):
 
 
 @triton.jit
+def _exp_rn(x):
+    """exp(x) of fp32 x, evaluated in fp64 and rounded once to fp32. A GPU's fp32 exp is ex2.approx (relative
+    error up to 2^-22.5, about 3 units of fp32 roundoff), and a commit's decay exp(G_a) scales the whole state it
+    writes: in fp32 it put a flushed state 1.15x above its bound on the H200 (2026-12-02). A few values per
+    program, so the fp64 costs nothing measurable."""
+    return tl.exp(x.to(tl.float64)).to(tl.float32)
+
+
+@triton.jit
 def _gather(b_x, o_x, i):
     """b_x[i] for a scalar index i of a register vector (0 where i is out of range)."""
     return tl.sum(tl.where(o_x == i, b_x, 0), 0)

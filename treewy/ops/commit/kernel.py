@@ -23,7 +23,7 @@ import triton.language as tl
 
 from treewy.ops._triton import is_capturing
 from treewy.ops.checks import check_commit_inputs, contiguous
-from treewy.ops.common import MAX_KERNEL_NODES, _program
+from treewy.ops.common import MAX_KERNEL_NODES, _exp_rn, _program
 
 
 @triton.jit(do_not_specialize=["stride_pb"])
@@ -51,10 +51,10 @@ def tree_commit_kernel(
         b_k = tl.load(k + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
         if USE_QK_L2NORM_IN_KERNEL:
             b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
-        b_acc += (tl.exp(b_c) * b_u)[:, None] * b_k[None, :]
+        b_acc += (_exp_rn(b_c) * b_u)[:, None] * b_k[None, :]
         b_c += tl.load(g + i_row * HV + i_hv).to(tl.float32)
         b_cur = tl.load(parents + i_b64 * stride_pb + b_cur)
-    b_h = tl.exp(b_c)[:, None] * b_h + b_acc
+    b_h = _exp_rn(b_c)[:, None] * b_h + b_acc
     tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=m_h)
 
 

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from treewy.ops._triton import INTERPRET
-from treewy.ops.common import _ancestors, _dot_fp32, _tf32_hi
+from treewy.ops.common import _ancestors, _dot_fp32, _exp_rn, _tf32_hi
 from treewy.ops.verify.select import DENSE_MAX_NODES
 from treewy.ops.verify.fold import (FOLD_PAD, FOLD_ROWS, _fold_row, _fold_slot, _fold_tile, _pending_key_scale,
                                          _pending_path, _request_bases)
@@ -198,7 +198,7 @@ def tree_verify_dense_kernel(
         m_h = m_k[:, None] & m_v[None, :]
         b_h = tl.load(p_h + o_v[None, :] * K + o_k[:, None], mask=m_h, other=0).to(tl.float32)   # [BK, BV]: S^T
         if HAS_PENDING:
-            b_h = b_h * tl.exp(b_C)
+            b_h = b_h * _exp_rn(b_C)
             b_h = _fold_row(b_h, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, i_s0, b_w0, H, HV, K, V)
             b_h = _fold_row(b_h, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, i_s1, b_w1, H, HV, K, V)
             b_h = _fold_row(b_h, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, i_s2, b_w2, H, HV, K, V)

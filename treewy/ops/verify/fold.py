@@ -15,7 +15,7 @@ from treewy.ops import _triton  # noqa: F401  (sets TRITON_INTERPRET before any 
 import triton
 import triton.language as tl
 
-from treewy.ops.common import _gather
+from treewy.ops.common import _exp_rn, _gather
 
 #: Path rows folded per pass of the fold loop: their u and k rows are loaded together (independent
 #: loads), and a path of d + 1 rows takes ceil((d + 1) / FOLD_ROWS) passes. 4 covers every depth-3 tree.
@@ -59,7 +59,7 @@ def _pending_path(i_b, i_b64, i_hv, pg, ppar, pacc, stride_ppb, PT, HV: tl.const
         cur = _gather(b_par, o_p, cur)
     b_gp = tl.load(pg + (i_b64 * PT + o_p) * HV + i_hv, mask=on, other=0).to(tl.float32)
     b_C = tl.sum(b_gp, 0)
-    b_w = tl.where(on, tl.exp(b_C - tl.cumsum(b_gp, 0)), 0.0)
+    b_w = tl.where(on, _exp_rn(b_C - tl.cumsum(b_gp, 0)), 0.0)
     rank = tl.where(on, tl.cumsum(on.to(tl.int32), 0) - 1, -1)
     return a, o_p, rank, tl.sum(on.to(tl.int32), 0), b_C, b_w
 
@@ -71,7 +71,7 @@ def _chain_pending_path(a, i_hv, pg, PT, HV: tl.constexpr, BPT: tl.constexpr):
     on = (o_p <= a) & (o_p < PT)
     b_gp = tl.load(pg + o_p * HV + i_hv, mask=on, other=0).to(tl.float32)
     b_C = tl.sum(b_gp, 0)
-    b_w = tl.where(on, tl.exp(b_C - tl.cumsum(b_gp, 0)), 0.0)
+    b_w = tl.where(on, _exp_rn(b_C - tl.cumsum(b_gp, 0)), 0.0)
     return o_p, tl.where(on, o_p, -1), tl.sum(on.to(tl.int32), 0), b_C, b_w
 
 
@@ -102,7 +102,7 @@ def _fold_tile(b_h, i_b64, i_hv, i_h, o_v, m_v, o_k, m_k, pu, pk, o_p, rank, n_p
     with TRANSPOSED. b_w holds exp(G_a - G_i) / ||k_i|| per slot. FIRST_ROW > 0: the decay and the rows before
     it are already folded (``_fold_chunk``), only the rest of the path is added."""
     if FIRST_ROW == 0:
-        b_h = b_h * tl.exp(b_C)
+        b_h = b_h * _exp_rn(b_C)
     for j0 in range(FIRST_ROW, n_path, FOLD_ROWS):
         for jj in tl.static_range(FOLD_ROWS):
             sel = rank == j0 + jj
@@ -159,4 +159,4 @@ def _fold_chunk(b_h, i_h, o_k, m_k, pk, b_slot, b_uw, b_C, H: tl.constexpr, K: t
     on = b_slot >= 0
     b_k = tl.load(pk + (tl.maximum(b_slot, 0)[:, None] * H + i_h) * K + o_k[None, :],
                   mask=on[:, None] & m_k[None, :], other=0).to(tl.float32)
-    return b_h * tl.exp(b_C) + tl.sum(b_k[:, :, None] * b_uw[:, None, :], 0)
+    return b_h * _exp_rn(b_C) + tl.sum(b_k[:, :, None] * b_uw[:, None, :], 0)
