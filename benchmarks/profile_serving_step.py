@@ -24,8 +24,8 @@ per layer kind (``layer_kind``: GDN spec / conv / gating and norms, attention, M
 speculation, copies, other). Writes engine_<mode>_<device>_<date>.json (the raw traces stay in a temporary folder:
 they do not fit what comes back). ``table`` puts both modes side by side: engine_<device>_<date>.txt.
 
-Setup on the GPU machine: vLLM staged as benchmarks/../shared/gpu-vllm/README.md says (stage.sh part-a, then part-b
-moe), then ``export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH VLLM_USE_FLASHINFER_SAMPLER=0``.
+Setup on the GPU machine: vLLM staged by benchmarks/vllm_pieces.sh (one piece per run, the last one joins), then
+``export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH VLLM_USE_FLASHINFER_SAMPLER=0``.
 """
 
 from __future__ import annotations

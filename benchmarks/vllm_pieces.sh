@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The slim vLLM 0.26.0 payload (../shared/gpu-vllm: vllm026.part-a + vllm026.part-b, the site; vllm026-moe.tar.xz,
+# the MoE ops) cut into pieces small enough to travel beside the working tree (64 MiB per run, tree included),
+# then put together on the GPU machine, one piece per run while the machine stays up:
+#
+#   here, once:     bash benchmarks/vllm_pieces.sh cut ../shared/gpu-vllm build/vllm-pieces 4
+#   run k of N:     bash benchmarks/vllm_pieces.sh stage build/vllm-pieces piece.K   (carry that piece and manifest)
+#
+# The run that brings the last piece joins them: it checks the site's sha256 (the one ../shared/gpu-vllm/stage.sh
+# checks), unpacks the site and the MoE ops into SITE (default /tmp/site), registers treewy's vLLM plugin entry
+# point, and imports vllm. Then:  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH VLLM_USE_FLASHINFER_SAMPLER=0
+# STAGE (default /tmp/stage) keeps the pieces between runs; VLLM_PIECES_CHECK=0 skips the import (for tests).
+set -eu
+STAGE=${STAGE:-/tmp/stage}; SITE=${SITE:-/tmp/site}
+SITE_SHA=0d7c9e12bb22c921dda71b49aae1ad77b195925641704bfd4252c46a769e8a29
+
+cut_payload() {   # SRC DEST N
+    local src=$1 dest=$2 n=$3
+    mkdir -p "$dest"; rm -f "$dest"/piece.* "$dest"/manifest
+    local site_bytes; site_bytes=$(cat "$src/vllm026.part-a" "$src/vllm026.part-b" | wc -c)
+    local total; total=$(cat "$src/vllm026.part-a" "$src/vllm026.part-b" "$src/vllm026-moe.tar.xz" | wc -c)
+    cat "$src/vllm026.part-a" "$src/vllm026.part-b" "$src/vllm026-moe.tar.xz" \
+        | split -b $(( (total + n - 1) / n )) -d -a 1 - "$dest/piece."
+    printf 'pieces=%s\nsite_bytes=%s\nsite_sha=%s\n' "$n" "$site_bytes" "${SITE_SHA_OVERRIDE:-$SITE_SHA}" > "$dest/manifest"
+    ls -l "$dest"
+}
+
+join_pieces() {
+    # shellcheck disable=SC1091
+    . "$STAGE/manifest"
+    cat $(for i in $(seq 0 $((pieces - 1))); do echo "$STAGE/piece.$i"; done) > "$STAGE/all"
+    head -c "$site_bytes" "$STAGE/all" > "$STAGE/site.tar.xz"
+    tail -c +"$((site_bytes + 1))" "$STAGE/all" > "$STAGE/moe.tar.xz"
+    rm -f "$STAGE/all"
+    echo "$site_sha  $STAGE/site.tar.xz" | sha256sum -c
+    mkdir -p "$SITE"
+    tar xJf "$STAGE/site.tar.xz" -C "$SITE"
+    tar xJf "$STAGE/moe.tar.xz" -C "$SITE"
+    rm -f "$STAGE/site.tar.xz" "$STAGE/moe.tar.xz" "$STAGE"/piece.*
+    local d=$SITE/treewy_plugin-0.0.0.dist-info; mkdir -p "$d"
+    printf 'Metadata-Version: 2.1\nName: treewy-plugin\nVersion: 0.0.0\n' > "$d/METADATA"
+    printf '[vllm.general_plugins]\ntreewy = treewy.serve.plugin:register\n' > "$d/entry_points.txt"
+    if [ "${VLLM_PIECES_CHECK:-1}" != 0 ]; then
+        PYTHONPATH=$SITE python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+    fi
+    echo "joined: vLLM unpacked into $SITE"
+}
+
+stage_piece() {   # DIR PIECE
+    local dir=$1 piece=$2
+    mkdir -p "$STAGE"
+    cp "$dir/manifest" "$STAGE/manifest"
+    cp "$dir/$piece" "$STAGE/$piece"
+    # shellcheck disable=SC1091
+    . "$STAGE/manifest"
+    local have; have=$(ls "$STAGE"/piece.* 2>/dev/null | wc -l)
+    echo "staged $piece: $have of $pieces pieces on this machine"
+    if [ "$have" -eq "$pieces" ]; then join_pieces; fi
+}
+
+case "${1:-}" in
+    cut) cut_payload "${2:?SRC}" "${3:?DEST}" "${4:-5}" ;;
+    stage) stage_piece "${2:?DIR}" "${3:?PIECE}" ;;
+    *) echo "usage: vllm_pieces.sh cut SRC DEST [N] | stage DIR piece.K"; exit 2 ;;
+esac
