@@ -88,8 +88,8 @@ def _pending_key_scale(i_b64, i_h, pk, o_p, rank, PT, H: tl.constexpr, K: tl.con
             b_k = tl.load(pk + ((i_b64 * PT + o_p[:, None]) * H + i_h) * K + o_k[None, :],
                           mask=on[:, None] & (o_k < K)[None, :], other=0).to(tl.float32)
             b_n += tl.sum(b_k * b_k, 1)
-        # correctly rounded: a GPU's approximate sqrt and division (about 2 ulp each) put the flushed state of
-        # test_flush_commits_the_accepted_node_without_a_host_sync 1.15x above its bound (H200, 2026-12-02)
+        # correctly rounded, as the fp32 reference's torch ops are (a GPU's plain sqrt and division are about 2 ulp
+        # each); not the cause of the flush test's failure on the H200 (2.57e-07 with it, 2.58e-07 without)
         return tl.div_rn(tl.full([BPT], 1.0, dtype=tl.float32), tl.sqrt_rn(b_n + 1e-6))
     return b_n + 1.0
 
