@@ -17,8 +17,8 @@ SITE_SHA=0d7c9e12bb22c921dda71b49aae1ad77b195925641704bfd4252c46a769e8a29
 cut_payload() {   # SRC DEST N
     local src=$1 dest=$2 n=$3
     mkdir -p "$dest"; rm -f "$dest"/piece.* "$dest"/manifest
-    local site_bytes; site_bytes=$(cat "$src/vllm026.part-a" "$src/vllm026.part-b" | wc -c)
-    local total; total=$(cat "$src/vllm026.part-a" "$src/vllm026.part-b" "$src/vllm026-moe.tar.xz" | wc -c)
+    local site_bytes=$(( $(stat -c %s "$src/vllm026.part-a") + $(stat -c %s "$src/vllm026.part-b") ))
+    local total=$(( site_bytes + $(stat -c %s "$src/vllm026-moe.tar.xz") ))
     cat "$src/vllm026.part-a" "$src/vllm026.part-b" "$src/vllm026-moe.tar.xz" \
         | split -b $(( (total + n - 1) / n )) -d -a 1 - "$dest/piece."
     printf 'pieces=%s\nsite_bytes=%s\nsite_sha=%s\n' "$n" "$site_bytes" "${SITE_SHA_OVERRIDE:-$SITE_SHA}" > "$dest/manifest"
@@ -59,7 +59,7 @@ stage_piece() {   # DIR PIECE
 }
 
 case "${1:-}" in
-    cut) cut_payload "${2:?SRC}" "${3:?DEST}" "${4:-5}" ;;
+    cut) cut_payload "${2:?SRC}" "${3:?DEST}" "${4:-4}" ;;
     stage) stage_piece "${2:?DIR}" "${3:?PIECE}" ;;
     *) echo "usage: vllm_pieces.sh cut SRC DEST [N] | stage DIR piece.K"; exit 2 ;;
 esac

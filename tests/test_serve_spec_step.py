@@ -189,16 +189,22 @@ def test_stash_halves_alternate_over_steps_as_rows_join_flush_and_pad():
                       [(0, 0), (1, 3), (0, 2)], [(1, 1), (0, 2), (1, 4)]], halves     # (half, length) of slots 1-3
 
 
-@pytest.mark.parametrize("accepted", [0, 2])
-def test_flush_commits_the_accepted_node_without_a_host_sync(accepted):
-    from torch.profiler import ProfilerActivity, profile
-
+def flush_case():
+    """Pools after one gated spec step over slots 2, 4 and 5 (3, 4 and 3 tokens), and the slots to flush (6: nothing
+    pending). Also benchmarks/flush_error_probe.py's input."""
     gen = torch.Generator().manual_seed(3)
     pools = page_pools()
     x, cu, slots = batch(gen, [3, 4, 3], [2, 4, 5])
     spec_step_gated(pools, slots, torch.ones(3, device=DEVICE), x["q"], x["k"], x["v"], x["A_log"], x["a"], x["b"],
                     x["dt_bias"], cu)
-    flush = torch.tensor([4, 0, 2, -1, 6, 5], dtype=torch.int32, device=DEVICE)   # 6: nothing pending
+    return pools, torch.tensor([4, 0, 2, -1, 6, 5], dtype=torch.int32, device=DEVICE)
+
+
+@pytest.mark.parametrize("accepted", [0, 2])
+def test_flush_commits_the_accepted_node_without_a_host_sync(accepted):
+    from torch.profiler import ProfilerActivity, profile
+
+    pools, flush = flush_case()
     refs = {dt: as_dtype(pools, dt) for dt in (torch.float64, torch.float32)}
     for dt, p in refs.items():
         naive_flush_slots(p, flush, accepted, dtype=dt)
