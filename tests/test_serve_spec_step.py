@@ -9,7 +9,8 @@ empty ones, padding rows on slots 0 and -1, pools laid out as vLLM lays out a Ma
   tokens and pad (the twins run on copies of the pools: an fp32 twin on the kernel's own tensors would bound the
   kernel by itself);
 - the raw gates give what ``gdn_gating``'s gates give;
-- a flush commits the accepted node without a host sync, and leaves padding and idle slots as they are;
+- a flush commits the accepted node without a host sync, and leaves padding and idle slots as they are; a long
+  window with strong decays commits within the bound too;
 - the whole spec step is one kernel launch and no torch op that would launch device work (it was 59 + 1).
 """
 
@@ -218,6 +219,26 @@ def test_flush_commits_the_accepted_node_without_a_host_sync(accepted):
     for s in (0, 1, 3, 6, 7):
         assert torch.equal(pools.state[s].view(torch.int32), before[s].view(torch.int32)), f"slot {s} written"
     assert pools.meta[:, 0].tolist() == [0] * SLOTS
+
+
+def test_a_long_window_with_strong_decays_commits_within_the_fp32_bound():
+    """16 pending nodes with decays summing to about -30, flushed at the last: the weights exp(G_a - G_i) take
+    differences of large path sums (in fp32 the accepted node's own weight came out 1 ulp of G_a off 1 wherever the
+    sum and the scan added in different orders: the H200's flush failure; numpy's pairwise sum does so from 8
+    elements on)."""
+    gen = torch.Generator().manual_seed(0)
+    L = 16
+    pools = ReconstructPools.empty(3, **DIMS, max_nodes=L, device=DEVICE)
+    for x, lo, hi in ((pools.state, -1, 1), (pools.u, -1, 1), (pools.k, -1, 1), (pools.g, -4, 0)):
+        x.copy_(torch.rand(x.shape, generator=gen) * (hi - lo) + lo)
+    pools.meta[1:, 0] = L | (1 << LEN_BITS)
+    flush = torch.tensor([1, 2], dtype=torch.int32, device=DEVICE)
+    refs = {dt: as_dtype(pools, dt) for dt in (torch.float64, torch.float32)}
+    for dt, p in refs.items():
+        naive_flush_slots(p, flush, L - 1, dtype=dt)
+    flush_slots(pools, flush, L - 1)
+    for s in (1, 2):
+        close(f"flushed state of slot {s}", pools.state[s].cpu(), *(r.state[s].cpu() for r in refs.values()))
 
 
 def test_vllm_spec_update_takes_vllm_arguments():

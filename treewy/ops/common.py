@@ -23,10 +23,9 @@ def _program(H: tl.constexpr, HV: tl.constexpr):
 
 @triton.jit
 def _exp_rn(x):
-    """exp(x) of fp32 x, evaluated in fp64 and rounded once to fp32. A GPU's fp32 exp is ex2.approx (relative
-    error up to 2^-22.5, about 3 units of fp32 roundoff), and a commit's decay exp(G_a) scales the whole state it
-    writes. A few values per program. It did not remove the flush test's failure on the H200 (2.56e-07 against
-    2.57e-07 with fp32 exp; benchmarks/results/gpu_tests_h200_2026-12-02.md)."""
+    """exp(x) of fp32 or fp64 x, evaluated in fp64 and rounded once to fp32. A GPU's fp32 exp is ex2.approx
+    (relative error up to 2^-22.5, about 3 units of fp32 roundoff), and a commit's decay exp(G_a) scales the whole
+    state it writes. A few values per program."""
     return tl.exp(x.to(tl.float64)).to(tl.float32)
 
 

@@ -57,7 +57,7 @@ def _pending_path(i_b, i_b64, i_hv, pg, ppar, pacc, stride_ppb, PT, HV: tl.const
     while cur >= 0:
         on = on | (o_p == cur)
         cur = _gather(b_par, o_p, cur)
-    b_gp = tl.load(pg + (i_b64 * PT + o_p) * HV + i_hv, mask=on, other=0).to(tl.float32)
+    b_gp = tl.load(pg + (i_b64 * PT + o_p) * HV + i_hv, mask=on, other=0).to(tl.float64)   # fp64: see below
     b_C = tl.sum(b_gp, 0)
     b_w = tl.where(on, _exp_rn(b_C - tl.cumsum(b_gp, 0)), 0.0)
     rank = tl.where(on, tl.cumsum(on.to(tl.int32), 0) - 1, -1)
@@ -69,7 +69,9 @@ def _chain_pending_path(a, i_hv, pg, PT, HV: tl.constexpr, BPT: tl.constexpr):
     """``_pending_path`` of a chain window (parents t - 1, not stored): the path is slots 0..a, row pg's."""
     o_p = tl.arange(0, BPT)
     on = (o_p <= a) & (o_p < PT)
-    b_gp = tl.load(pg + o_p * HV + i_hv, mask=on, other=0).to(tl.float32)
+    # in fp64: G_a - G_i cancels, and a GPU sums and scans in different orders, so in fp32 even the accepted
+    # node's weight exp(G_a - G_a) came out 1 ulp of G_a off 1 (9.2e-07 in one head of the flush test on the H200)
+    b_gp = tl.load(pg + o_p * HV + i_hv, mask=on, other=0).to(tl.float64)
     b_C = tl.sum(b_gp, 0)
     b_w = tl.where(on, _exp_rn(b_C - tl.cumsum(b_gp, 0)), 0.0)
     return o_p, tl.where(on, o_p, -1), tl.sum(on.to(tl.int32), 0), b_C, b_w
@@ -89,7 +91,7 @@ def _pending_key_scale(i_b64, i_h, pk, o_p, rank, PT, H: tl.constexpr, K: tl.con
                           mask=on[:, None] & (o_k < K)[None, :], other=0).to(tl.float32)
             b_n += tl.sum(b_k * b_k, 1)
         # correctly rounded, as the fp32 reference's torch ops are (a GPU's plain sqrt and division are about 2 ulp
-        # each); not the cause of the flush test's failure on the H200 (2.57e-07 with it, 2.58e-07 without)
+        # each)
         return tl.div_rn(tl.full([BPT], 1.0, dtype=tl.float32), tl.sqrt_rn(b_n + 1e-6))
     return b_n + 1.0
 
