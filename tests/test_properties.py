@@ -16,7 +16,7 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from treewy.ops import (
@@ -197,8 +197,15 @@ def _verify_refs(c, ins, S):
     return r64, r32
 
 
+#: The H200's failure at bad4380 (o 1.97e-07 against the bound's floor, 1.79e-07): the GPU's approximate square
+#: root and division in the q and k norms, and its approximate exp of the gates (correctly rounded since)
+H200_NORMS = dict(B=1, T=1, H=2, HV=2, K=128, V=7, parents=torch.tensor([[-1]], dtype=torch.int32), num_nodes=None,
+                  dtype="fp32", state_dtype="fp32", l2norm=True, hard=True, strided=False, scale=None, seed=608)
+
+
 @PROPERTY
 @given(c=batches(), kernel=st.sampled_from((None,) + KERNELS))
+@example(c=H200_NORMS, kernel=None)
 def test_tree_verify_matches_fp64_on_random_batches(c, kernel):
     """Every family forced where it applies (chain: every request's window a chain), and the selector's own choice."""
     if kernel == "chain":

@@ -30,6 +30,13 @@ def _exp_rn(x):
 
 
 @triton.jit
+def _inv_norm(b_ss):
+    """1 / sqrt(b_ss + 1e-6), the l2 norm's scale from a sum of squares, with correctly rounded sqrt and division
+    as the fp32 reference's torch ops have them (a GPU's plain ones are about 2 ulp each). A few values per node."""
+    return tl.div_rn(b_ss * 0 + 1.0, tl.sqrt_rn(b_ss + 1e-6))
+
+
+@triton.jit
 def _gather(b_x, o_x, i):
     """b_x[i] for a scalar index i of a register vector (0 where i is out of range)."""
     return tl.sum(tl.where(o_x == i, b_x, 0), 0)
@@ -62,8 +69,8 @@ def _node_qkv(q, k, v, i_row, i_h, i_hv, o_k, m_k, o_v, m_v, scale, H: tl.conste
     b_k = tl.load(k + (i_row * H + i_h) * K + o_k, mask=m_k, other=0).to(tl.float32)
     b_v = tl.load(v + (i_row * HV + i_hv) * V + o_v, mask=m_v, other=0).to(tl.float32)
     if USE_QK_L2NORM_IN_KERNEL:
-        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
-        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_q = b_q * _inv_norm(tl.sum(b_q * b_q))
+        b_k = b_k * _inv_norm(tl.sum(b_k * b_k))
     return b_q * scale, b_k, b_v
 
 
@@ -84,7 +91,7 @@ def _recurrent_node(b_h, q, k, v, g, beta, i_row, i_h, i_hv, o_k, m_k, o_v, m_v,
 def _delta_node(b_h, b_q, b_k, b_v, b_g, b_beta):
     """The gated delta rule step on a [BV, BK] state tile, q scaled and q, k normalized as the kernel wants them:
     (S_t, u_t, o_t)."""
-    b_h *= tl.exp(b_g)
+    b_h *= _exp_rn(b_g)
     b_u = b_beta * (b_v - tl.sum(b_h * b_k[None, :], 1))
     b_h += b_u[:, None] * b_k[None, :]
     return b_h, b_u, tl.sum(b_h * b_q[None, :], 1)

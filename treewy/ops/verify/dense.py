@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from treewy.ops._triton import INTERPRET
-from treewy.ops.common import _ancestors, _dot_fp32, _exp_rn, _tf32_hi
+from treewy.ops.common import _ancestors, _dot_fp32, _exp_rn, _inv_norm, _tf32_hi
 from treewy.ops.verify.select import DENSE_MAX_NODES
 from treewy.ops.verify.fold import (FOLD_PAD, FOLD_ROWS, _fold_row, _fold_slot, _fold_tile, _pending_key_scale,
                                          _pending_path, _request_bases)
@@ -165,9 +165,9 @@ def tree_verify_dense_kernel(
     b_rk = tl.where(m_t, 1.0, 0.0)
     b_rq = tl.where(m_t, 1.0, 0.0)
     if USE_QK_L2NORM_IN_KERNEL:
-        b_rk = tl.where(m_t, 1.0 / tl.sqrt(tl.sum(tl.where(m_eye, b_KK, 0.0), 1) + 1e-6), 0.0)
+        b_rk = tl.where(m_t, _inv_norm(tl.sum(tl.where(m_eye, b_KK, 0.0), 1)), 0.0)
         b_qf = b_q.to(tl.float32)
-        b_rq = tl.where(m_t, 1.0 / tl.sqrt(tl.sum(b_qf * b_qf, 1) + 1e-6), 0.0)
+        b_rq = tl.where(m_t, _inv_norm(tl.sum(b_qf * b_qf, 1)), 0.0)
     b_M = tl.where(m_eye, 0.0, (b_beta * b_rk)[:, None] * b_rk[None, :] * b_dec * b_KK)
     b_X = _inverse(b_M, n_depth, DOT_PRECISION, SPLIT, BT)
     b_QK = _input_dot(b_q, tl.trans(b_k), tl.zeros([BT, BT], dtype=tl.float32), DOT_PRECISION, False, INPUT_BF16)
@@ -179,7 +179,7 @@ def tree_verify_dense_kernel(
     else:
         b_Xh = _tf32_hi(b_X)
         b_Xl = b_X - b_Xh
-    b_eG = tl.where(m_t, tl.exp(b_G), 0.0)
+    b_eG = tl.where(m_t, _exp_rn(b_G), 0.0)
     b_ck = b_beta * b_eG * b_rk
     b_cq = scale * b_eG * b_rq
 

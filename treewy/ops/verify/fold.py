@@ -15,7 +15,7 @@ from treewy.ops import _triton  # noqa: F401  (sets TRITON_INTERPRET before any 
 import triton
 import triton.language as tl
 
-from treewy.ops.common import _exp_rn, _gather
+from treewy.ops.common import _exp_rn, _gather, _inv_norm
 
 #: Path rows folded per pass of the fold loop: their u and k rows are loaded together (independent
 #: loads), and a path of d + 1 rows takes ceil((d + 1) / FOLD_ROWS) passes. 4 covers every depth-3 tree.
@@ -90,9 +90,7 @@ def _pending_key_scale(i_b64, i_h, pk, o_p, rank, PT, H: tl.constexpr, K: tl.con
             b_k = tl.load(pk + ((i_b64 * PT + o_p[:, None]) * H + i_h) * K + o_k[None, :],
                           mask=on[:, None] & (o_k < K)[None, :], other=0).to(tl.float32)
             b_n += tl.sum(b_k * b_k, 1)
-        # correctly rounded, as the fp32 reference's torch ops are (a GPU's plain sqrt and division are about 2 ulp
-        # each)
-        return tl.div_rn(tl.full([BPT], 1.0, dtype=tl.float32), tl.sqrt_rn(b_n + 1e-6))
+        return _inv_norm(b_n)
     return b_n + 1.0
 
 

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from treewy.ops._triton import INTERPRET
+from treewy.ops.common import _exp_rn, _inv_norm
 from treewy.ops.verify.tuning import AUTOTUNE_EXTRA
 
 #: Padded windows from which the split launch's streaming kernel reads the tables column by column
@@ -95,8 +96,8 @@ def _path_coefficients(b_anc, b_G, b_beta, b_KK, b_QK, b_qq, m_t, n_depth, scale
     b_rk = tl.where(m_t, 1.0, 0.0)
     b_rq = tl.where(m_t, 1.0, 0.0)
     if USE_QK_L2NORM_IN_KERNEL:
-        b_rk = 1.0 / tl.sqrt(_col(b_KK, o_d, 0) + 1e-6)
-        b_rq = 1.0 / tl.sqrt(b_qq + 1e-6)
+        b_rk = _inv_norm(_col(b_KK, o_d, 0))
+        b_rq = _inv_norm(b_qq)
     # m_j(t) = M[t, a_j] and p_j(t) = P[t, a_j]: decays of ancestor pairs only, exp(G_t - G_a) <= 1
     b_m = tl.zeros(b_KK.shape, dtype=tl.float32)
     b_p = tl.where(o_d[None, :] == 0, (scale * b_rq * b_rk * _col(b_QK, o_d, 0))[:, None], 0.0)
@@ -120,7 +121,7 @@ def _path_coefficients(b_anc, b_G, b_beta, b_KK, b_QK, b_qq, m_t, n_depth, scale
         for i in range(0, j + 1):
             b_acc += _col(b_p, o_d, i) * _at(_col(b_x, o_d, j - i), _col(b_anc, o_d, i))
         b_wt = tl.where(o_d[None, :] == j, b_acc[:, None], b_wt)
-    b_eG = tl.where(m_t, tl.exp(b_G), 0.0)
+    b_eG = tl.where(m_t, _exp_rn(b_G), 0.0)
     return b_x, b_wt, b_beta * b_eG * b_rk, scale * b_eG * b_rq
 
 
