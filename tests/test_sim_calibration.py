@@ -132,7 +132,8 @@ def test_decode_bound_points_carry_no_prefill_chunk_beside_their_decodes():
     assert ("summarize-short", "reconstruct", 8) in bound and ("summarize-short", "reconstruct", 32) not in bound
     assert ("generation-short", "reconstruct", 128) in bound and ("generation-short", "store_all", 64) not in bound
     assert ("balanced-short", "reconstruct", 64) in bound and ("balanced-short", "reconstruct", 128) not in bound
-    assert len(bound) == 16
+    assert ("balanced-short", "store_all", 32) in bound and ("balanced-short", "store_all", 64) not in bound
+    assert len(bound) == 19
     assert not decode_bound({**rows[0], "workload": "mt-bench"}, 8192)
 
 
@@ -158,7 +159,7 @@ def test_the_refit_prices_the_accepted_sweeps_decode_points(tmp_path):
     assert refit.graph_max_tokens == 1024 and refit.host_per_request_s >= 0
     rows = [r for r in pl.read_parquet(MEASURED_ACCEPTED).iter_rows(named=True)
             if decode_bound(r, 8192) and r["concurrency"] >= 32]
-    assert len(rows) == 6
+    assert len(rows) == 7     # 6 fitted, and store-all's balanced-short 32, measured after the fit
     for r in rows:
         s = simulate_measured_point(r, "h200", refit)
         assert abs(s["peak_running"] - r["peak_running"]) <= 4
@@ -166,8 +167,8 @@ def test_the_refit_prices_the_accepted_sweeps_decode_points(tmp_path):
         assert abs(s["mean_tpot_ms"] / r["mean_tpot_ms"] - 1) < bound, (r["workload"], r["mode"], r["concurrency"])
     shutil.copy(DATA_DIR / INDEX_NAME, tmp_path / INDEX_NAME)
     shutil.copy(table("server_fits"), tmp_path / table("server_fits").name)
-    path = write_fit("TEST_FIT", fit_entry(refit, rows, str(MEASURED_ACCEPTED), 6, 0, 0, None), tmp_path)
+    path = write_fit("TEST_FIT", fit_entry(refit, rows, str(MEASURED_ACCEPTED), 7, 0, 0, None), tmp_path)
     entry = json.loads(path.read_text())["TEST_FIT"]
     assert ServerConfig(**entry["server"]) == dataclasses.replace(ServerConfig(), **entry["server"])
     assert entry["server"]["host_overhead_s"] == pytest.approx(refit.host_overhead_s, rel=1e-2)
-    assert entry["fitted_to"] == MEASURED_ACCEPTED.name and entry["points"] == 6
+    assert entry["fitted_to"] == MEASURED_ACCEPTED.name and entry["points"] == 7
