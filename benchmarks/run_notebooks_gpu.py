@@ -3,7 +3,8 @@
     PYTHONPATH=/tmp/site:$PWD python3 -m benchmarks.run_notebooks_gpu --out "$OUT"
 
 Writes into --out (default: $OUT): each executed notebook (outputs kept, `<name>.ipynb`), `summary.json` and
-`summary.txt` with the device, date, library versions and each notebook's wall time; exits 1 if any notebook
+`summary.txt` with the device, date, library versions, each notebook's wall time and its slowest cells (from
+nbclient's per-cell timestamps: the cell's number, first line and seconds); exits 1 if any notebook
 failed (its executed copy shows where). Needs nbclient and ipykernel (benchmarks/gpu_wheels.txt lists the wheels).
 `--device cpu` runs the same on a CPU (small sizes), for a check anywhere.
 """
@@ -32,6 +33,23 @@ def versions() -> dict:
         except md.PackageNotFoundError:
             out[dist] = None
     return out
+
+
+def slowest_cells(nb, n: int = 4) -> list[dict]:
+    """The n code cells of an executed notebook that took longest: [{cell (its number among all cells), line (its
+    first line), seconds}], from the execute_input and execute_reply timestamps nbclient records."""
+    from datetime import datetime
+
+    timed = []
+    for i, cell in enumerate(nb.cells):
+        t = cell.get("metadata", {}).get("execution", {})
+        start, end = t.get("iopub.execute_input"), t.get("shell.execute_reply")
+        if cell.cell_type == "code" and start and end:
+            seconds = (datetime.fromisoformat(end.replace("Z", "+00:00"))
+                       - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
+            timed.append({"cell": i, "line": (cell.source.strip().splitlines() or [""])[0][:60],
+                          "seconds": round(seconds, 1)})
+    return sorted(timed, key=lambda c: -c["seconds"])[:n]
 
 
 def main(argv=None) -> int:
@@ -78,12 +96,13 @@ def main(argv=None) -> int:
         nb.metadata["treewy_run"] = {"device": device, "date": summary["date"], "seconds": round(seconds, 1)}
         nbformat.write(nb, out / path.name)
         summary["notebooks"].append({"notebook": path.name, "seconds": round(seconds, 1), "ok": error is None,
-                                     "error": error})
+                                     "error": error, "slowest_cells": slowest_cells(nb)})
         tqdm.write(f"{path.name}: {'ok' if error is None else 'FAILED'} in {seconds:.1f} s" + (f" ({error})" if error else ""))
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     lines = [f"{device}, {summary['date']}; " + ", ".join(f"{k} {v}" for k, v in summary["versions"].items() if v), ""]
-    lines += [f"{r['notebook']:<36} {r['seconds']:>8.1f} s  {'ok' if r['ok'] else 'FAILED: ' + r['error']}"
-              for r in summary["notebooks"]]
+    for r in summary["notebooks"]:
+        lines.append(f"{r['notebook']:<36} {r['seconds']:>8.1f} s  {'ok' if r['ok'] else 'FAILED: ' + r['error']}")
+        lines += [f"    cell {c['cell']:>3} {c['seconds']:>7.1f} s  {c['line']}" for c in r["slowest_cells"]]
     (out / "summary.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 1 if failed else 0

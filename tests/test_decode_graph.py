@@ -81,14 +81,12 @@ def test_buckets():
 
 def test_choice_of_path():
     triton, torch_ops = SimpleNamespace(name="triton"), SimpleNamespace(name="torch")
-    assert choose("auto", "cuda", triton, "step", 4, None) == "capture"
-    assert choose("auto", "cuda", triton, "step", 4, "rrs_wor") == "capture"
-    for args in (("cpu", triton, "step", 4, None), ("cuda", torch_ops, "step", 4, None),
-                 ("cuda", triton, "phases", 4, None), ("cuda", triton, "step", 65, None),
-                 ("cuda", triton, "step", 4, "rrs")):
+    assert choose("auto", "cuda", triton, "step", 4) == "capture"
+    for args in (("cpu", triton, "step", 4), ("cuda", torch_ops, "step", 4), ("cuda", triton, "phases", 4),
+                 ("cuda", triton, "step", 65)):
         assert choose("auto", *args) is None
-    assert choose("static", "cpu", torch_ops, "step", 4, "rrs") == "static"
-    assert choose(False, "cuda", triton, "step", 4, None) is None
+    assert choose("static", "cpu", torch_ops, "step", 4) == "static"
+    assert choose(False, "cuda", triton, "step", 4) is None
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -181,7 +179,7 @@ def test_captured_is_eager_plain_and_host_drafter(gpu_model, drafter):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rule", ["match", "rrs_wor"])
+@pytest.mark.parametrize("rule", ["match", "rrs", "rrs_wor"])
 def test_captured_is_eager_seeded_sampling(gpu_model, rule):
     kw = dict(drafter="mtp", tree=(3, 3, 3), max_new_tokens=24, temperature=0.8, seed=11, rule=rule)
     eager = outcome(generate(gpu_model, PROMPTS, graphs=False, **kw))

@@ -24,6 +24,9 @@ def test_runner_writes_executed_notebooks_and_fails_on_an_error(tmp_path):
     assert summary["device"].startswith("CPU") and summary["date"] and summary["versions"]["torch"]
     rows = {r["notebook"]: r for r in summary["notebooks"]}
     assert rows["00_start_here.ipynb"]["ok"] and rows["00_start_here.ipynb"]["seconds"] > 0
+    slow = rows["00_start_here.ipynb"]["slowest_cells"]
+    assert 0 < len(slow) <= 4 and slow == sorted(slow, key=lambda c: -c["seconds"]) and slow[0]["line"]
+    assert f"    cell {slow[0]['cell']:>3}" in (out / "summary.txt").read_text()
     assert not rows["01_broken.ipynb"]["ok"] and "ZeroDivisionError" in rows["01_broken.ipynb"]["error"]
     executed = nbformat.read(out / "00_start_here.ipynb", as_version=4)
     assert any(c.get("outputs") for c in executed.cells) and executed.metadata["treewy_run"]["device"].startswith("CPU")

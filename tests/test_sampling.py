@@ -126,6 +126,25 @@ def test_draws_without_replacement_are_distinct_and_in_order():
     assert second_after_0[1] / second_after_0.sum() == pytest.approx(0.75, abs=0.02)  # 0.3 / (0.3 + 0.1)
 
 
+def test_iid_draws_follow_the_row_and_never_draw_a_zero():
+    """i.i.d. children by inverse CDF: each column distributed as the row (unnormalized rows too, zeros never
+    drawn, the last token drawable), the columns independent, and no host sync (no op reads a value back)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g = torch.Generator().manual_seed(0)
+    probs = torch.tensor([[0.0, 0.6, 0.0, 0.3, 0.1], [0.0, 0.0, 2.0, 0.0, 2.0]]).repeat(10000, 1)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        x = draw_children(probs, 3, True, g)
+    assert not {e.name for e in prof.events()} & {"aten::item", "aten::nonzero", "aten::_local_scalar_dense"}
+    assert x.shape == (20000, 3) and x.dtype == torch.int64
+    for row, want in ((0, [0, 0.6, 0, 0.3, 0.1]), (1, [0, 0, 0.5, 0, 0.5])):
+        for col in range(3):
+            freq = torch.bincount(x[row::2, col], minlength=5) / 10000
+            assert torch.allclose(freq, torch.tensor(want), atol=0.02), (row, col, freq)
+    same = (x[0::2, 0] == x[0::2, 1]).float().mean()
+    assert same == pytest.approx(0.6 ** 2 + 0.3 ** 2 + 0.1 ** 2, abs=0.02)     # independent columns
+
+
 def test_bad_sampling_input_is_a_clear_error():
     with pytest.raises(ValueError, match="temperature = -1"):
         Sampling(-1.0)

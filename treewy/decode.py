@@ -191,7 +191,7 @@ def generate(model, prompts, drafter=None, tree=(3, 3, 3), commit="reconstruct",
     prompts = _check_prompts(prompts, vocab, spec.config.max_position_embeddings, max_new_tokens, T)
     B = len(prompts)
     ops = get_ops(device, backend)
-    how = decode_graph.choose(graphs, device, ops, timing, B, None if sampling is None else sampling.rule)
+    how = decode_graph.choose(graphs, device, ops, timing, B)
     if how is not None:
         result = GenerateResult([], tree=tr if d is not None else None, commit=mode if d is not None else None,
                                 drafter=getattr(d, "name", None), sampling=sampling)

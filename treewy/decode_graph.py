@@ -70,7 +70,7 @@ def check_graphs(graphs) -> None:
                          "False (the eager loop)")
 
 
-def choose(graphs, device, ops, timing: str, B: int, rule: str | None) -> str | None:
+def choose(graphs, device, ops, timing: str, B: int) -> str | None:
     """How generate runs: "capture", "static" or None (the eager loop). "auto" picks capture only where it
     applies; an explicit choice that cannot apply is a ValueError naming the fix."""
     check_graphs(graphs)
@@ -78,7 +78,7 @@ def choose(graphs, device, ops, timing: str, B: int, rule: str | None) -> str | 
         return None
     cuda = torch.device(device).type == "cuda"
     if graphs == "auto":
-        ok = cuda and ops.name == "triton" and timing == "step" and B <= BUCKETS[-1] and rule != "rrs"
+        ok = cuda and ops.name == "triton" and timing == "step" and B <= BUCKETS[-1]
         return "capture" if ok else None
     if timing != "step":
         raise ValueError(f"timing = {timing!r} syncs between the phases of a step, which a static-buffer step does "
@@ -92,9 +92,6 @@ def choose(graphs, device, ops, timing: str, B: int, rule: str | None) -> str | 
     if ops.name != "triton":
         raise ValueError(f"graphs=True needs the Triton kernels, but backend {ops.name!r} validates on the host "
                          "every call; use backend='triton' (or 'auto') or graphs=False")
-    if rule == "rrs":
-        raise ValueError("rule='rrs' draws single children with torch.multinomial, which checks its input on the "
-                         "host and so cannot be captured; use rule='rrs_wor' or 'match', or graphs='static'")
     return "capture"
 
 
