@@ -137,3 +137,24 @@ def test_acceptance_chart_draws_trees_as_circles_and_chains_as_squares():
                             "acceptance": 2.0, "acceptance_lo": 1.9, "acceptance_hi": 2.1, "source": "x (live)"})
         shape = charts.acceptance_chart(acc, "t").to_dict()["layer"][-1]["encoding"]["shape"]["scale"]
         assert dict(zip(shape["domain"], shape["range"])) == {"tree": "circle", "chain": "square"}
+
+
+def test_the_offline_chart_bundle_is_built_once_and_read_back(tmp_path):
+    """setup()'s offline charts: the first call builds JupyterChart's bundle with vl-convert and keeps it on disk,
+    a later one (a new notebook) reads the same bundle back without building it."""
+    import altair as alt
+
+    from treewy_lab.setup import enable_offline_charts
+
+    chart = alt.JupyterChart
+    saved = chart._esm, chart._is_offline
+    try:
+        chart._is_offline = False
+        path = enable_offline_charts(tmp_path)
+        built = chart._esm
+        assert chart._is_offline and path.read_text() == built and "vega" in built.lower()
+        assert [p.name for p in tmp_path.iterdir()] == [path.name]          # no temporary file left behind
+        chart._esm, chart._is_offline = "", False
+        assert enable_offline_charts(tmp_path) == path and chart._esm == built and chart._is_offline
+    finally:
+        chart._esm, chart._is_offline = saved

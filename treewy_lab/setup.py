@@ -51,7 +51,7 @@ def setup(banner: bool = True, load: tuple[str, ...] = ()) -> dict:
 
     offline = importlib.util.find_spec("vl_convert") is not None   # it bundles Vega's JavaScript for offline use
     if offline:
-        alt.JupyterChart.enable_offline()
+        enable_offline_charts()
     alt.renderers.enable("jupyter", offline=offline, embed_options=EMBED_OPTIONS)  # inline charts: offline too
     alt.theme.register("lab", enable=True)(_theme)
     info = describe()
@@ -60,6 +60,31 @@ def setup(banner: bool = True, load: tuple[str, ...] = ()) -> dict:
     if line is not None:
         line.update(environment_banner(info, time.perf_counter() - t0))
     return info
+
+
+def enable_offline_charts(cache_dir: Path | None = None) -> Path:
+    """``alt.JupyterChart.enable_offline()``, whose JavaScript bundle (vl-convert builds it, about 1 s) is kept on
+    disk per altair and vl-convert release and read back in later notebooks. Returns the bundle's file."""
+    import os
+
+    import altair as alt
+    import vl_convert
+
+    chart = alt.JupyterChart
+    root = cache_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "treewy_lab"
+    path = root / f"jupyterchart_altair-{alt.__version__}_vl-convert-{vl_convert.__version__}.js"
+    if not chart._is_offline and path.is_file():
+        chart._esm, chart._is_offline = path.read_text(), True     # what enable_offline() sets
+        return path
+    chart.enable_offline()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(chart._esm)
+        tmp.replace(path)           # whole or not at all: a notebook never reads half a bundle
+    except OSError:
+        pass                        # a read-only home: the next notebook builds the bundle again
+    return path
 
 
 def _theme() -> dict:
