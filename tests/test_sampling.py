@@ -143,6 +143,8 @@ def test_iid_draws_follow_the_row_and_never_draw_a_zero():
             assert torch.allclose(freq, torch.tensor(want), atol=0.02), (row, col, freq)
     same = (x[0::2, 0] == x[0::2, 1]).float().mean()
     assert same == pytest.approx(0.6 ** 2 + 0.3 ** 2 + 0.1 ** 2, abs=0.02)     # independent columns
+    empty = draw_children(torch.tensor([[0.0, 0.0, 0.0], [0.0, float("nan"), 1.0], [0.0, 0.0, 1.0]]), 2, True, g)
+    assert empty.tolist() == [[-1, -1], [-1, -1], [2, 2]]                      # nothing to draw: -1, as without
 
 
 def test_bad_sampling_input_is_a_clear_error():

@@ -42,12 +42,13 @@ def draw_children(probs: torch.Tensor, w: int, replacement: bool, generator: tor
     """w draws per row of probs [N, V] -> int64 [N, w]: i.i.d. (``replacement``: inverse CDF, the first token
     whose cumulative probability exceeds U x the row's total, so a token of probability 0 is never drawn) or
     without replacement in order (the exponential race: the w smallest E / p with E ~ Exp(1)); -1 where a row
-    has fewer than w tokens of positive probability left to draw. Neither syncs with the host, so a CUDA graph
-    can hold them (torch.multinomial checks its input on the host)."""
+    has fewer than w tokens of positive probability left to draw (i.i.d.: none, or a NaN). Neither syncs with the
+    host, so a CUDA graph can hold them (torch.multinomial checks its input on the host)."""
     if replacement:
         cdf = probs.double().cumsum(-1)       # fp64: U x total < total, so the search stays inside the row
+        total = cdf[:, -1:]
         u = torch.rand(probs.shape[0], w, dtype=torch.float64, device=probs.device, generator=generator)
-        return torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
+        return torch.where(total > 0, torch.searchsorted(cdf, u * total, right=True), -1)
     e = torch.empty_like(probs).exponential_(generator=generator)
     keys = probs / e
     top = keys.topk(w, dim=-1)
