@@ -57,6 +57,19 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(scope="module")
+def one_config_per_shape():
+    """On a GPU, each autotuned kernel runs the first config its pruning keeps for a shape, untimed
+    (``treewy.testing.untimed_autotune``), for the modules whose results are the same under every config."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    from treewy.testing import untimed_autotune
+
+    with untimed_autotune():
+        yield
+
+
 @pytest.fixture
 def bench_script():
     """A script of benchmarks/ loaded afresh as ``benchmarks.NAME``, the module ``python -m benchmarks.NAME`` runs:

@@ -49,24 +49,8 @@ EXACT = "ieee"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_config_per_shape():
-    """On a GPU, each autotuned kernel runs the first config its pruning keeps for a shape, untimed: the
-    properties check results (the same for every config), and timing every config of every new shape would spend
-    the run benchmarking."""
-    if not GPU:
-        yield
-        return
-    from triton.runtime.autotuner import Autotuner
-
-    from treewy.ops.verify.kernel import KERNEL_FNS
-    tuners = {fn for fns in KERNEL_FNS.values() for fn in fns if isinstance(fn, Autotuner)}
-    saved = {t: t.early_config_prune for t in tuners}
-    for t, prune in saved.items():
-        t.early_config_prune = lambda configs, nargs, _p=prune, **kw: (_p(configs, nargs, **kw) if _p else configs)[:1]
-    yield
-    for t, prune in saved.items():
-        t.early_config_prune = prune
+#: the properties check results, the same under every config: on a GPU one config per shape, untimed
+pytestmark = pytest.mark.usefixtures("one_config_per_shape")
 
 
 # ---- topologies ----

@@ -16,6 +16,9 @@ from fake_tree_engine import FakeTreeEngine  # noqa: E402
 from treewy.serve import tree_plugin as hooks  # noqa: E402
 from treewy.serve.tree_spec import SyntheticAcceptance  # noqa: E402
 
+#: tokens compared, the same under every kernel config: on a GPU one config per shape, untimed
+pytestmark = pytest.mark.usefixtures("one_config_per_shape")
+
 PROMPTS = ["def add(a, b):\n    return", "import os\nimport sys\n\nclass Foo", "x = [1, 2, 3]\nprint("]
 NEW_TOKENS = 16
 

@@ -793,6 +793,25 @@ def test_largest_tree_and_64bit_state_offsets():
 
 # ---- the kernels' tools on a CPU: the benchmark's smoke mode, the offline compile for sm_90 ----
 
+def test_untimed_autotune_keeps_one_config_per_shape_and_restores_the_tuners():
+    from triton.runtime.autotuner import Autotuner
+
+    from treewy.ops.verify.kernel import KERNEL_FNS
+    from treewy.testing import untimed_autotune
+
+    tuners = [fn for fns in KERNEL_FNS.values() for fn in fns if isinstance(fn, Autotuner)]
+    before = [t.early_config_prune for t in tuners]
+    assert len(tuners) == 5
+    with untimed_autotune():
+        for t, prune in zip(tuners, before):
+            if prune is None:       # under the interpreter; a GPU's pruning reads the launch's arguments
+                many = list(t.configs) * 3
+                kept = t.early_config_prune(many, {})
+                assert len(kept) == 1 and kept[0] in many
+            assert t.early_config_prune is not prune
+    assert [t.early_config_prune for t in tuners] == before
+
+
 def script_env(root, **extra) -> dict:
     """The environment for a benchmark script run as a subprocess: the repository first on PYTHONPATH, the caller's
     entries after it (packages installed beside the tree, as on a GPU machine), and ``extra``."""

@@ -254,6 +254,26 @@ def _tf32_operand(x):
 
 
 @contextmanager
+def untimed_autotune():
+    """Every autotuned verify kernel runs the first config its pruning keeps for each shape, untimed and compiled
+    alone: for GPU tests, whose results are the same under every config (timing every config of every new shape
+    compiles each of them first; the tree plugin's engine tests spent up to 331 s each on the H200 that way)."""
+    from triton.runtime.autotuner import Autotuner
+
+    from treewy.ops.verify.kernel import KERNEL_FNS
+
+    tuners = {fn for fns in KERNEL_FNS.values() for fn in fns if isinstance(fn, Autotuner)}
+    saved = {t: t.early_config_prune for t in tuners}
+    for t, prune in saved.items():
+        t.early_config_prune = lambda configs, nargs, _p=prune, **kw: (_p(configs, nargs, **kw) if _p else configs)[:1]
+    try:
+        yield
+    finally:
+        for t, prune in saved.items():
+            t.early_config_prune = prune
+
+
+@contextmanager
 def tf32_on_the_interpreter():
     """The GPU's tf32 numerics under the Triton interpreter: tf32 the default dot precision (TREEWY_DOT_PRECISION)
     and every ``tl.dot(..., input_precision="tf32")`` over fp32 operands reading them as the tensor cores do
