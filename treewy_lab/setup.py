@@ -73,7 +73,9 @@ def enable_offline_charts(cache_dir: Path | None = None) -> Path:
     chart = alt.JupyterChart
     root = cache_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "treewy_lab"
     path = root / f"jupyterchart_altair-{alt.__version__}_vl-convert-{vl_convert.__version__}.js"
-    if not chart._is_offline and path.is_file():
+    if chart._is_offline:           # setup() run again in the same kernel: nothing to build or write
+        return path
+    if path.is_file():
         chart._esm, chart._is_offline = path.read_text(), True     # what enable_offline() sets
         return path
     chart.enable_offline()
