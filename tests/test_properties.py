@@ -181,8 +181,9 @@ def _verify_refs(c, ins, S):
     return r64, r32
 
 
-#: The H200's failure at bad4380 (o 1.97e-07 against the bound's floor, 1.79e-07): the GPU's approximate square
-#: root and division in the q and k norms, and its approximate exp of the gates (correctly rounded since)
+#: The H200's failure at bad4380 (o 1.97e-07 against the bound's floor, 1.79e-07); the likely cause, the GPU's
+#: approximate square root and division in the q and k norms and its approximate exp of the gates, is correctly
+#: rounded since (not yet run on a GPU)
 H200_NORMS = dict(B=1, T=1, H=2, HV=2, K=128, V=7, parents=torch.tensor([[-1]], dtype=torch.int32), num_nodes=None,
                   dtype="fp32", state_dtype="fp32", l2norm=True, hard=True, strided=False, scale=None, seed=608)
 
