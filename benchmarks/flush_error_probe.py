@@ -1,4 +1,4 @@
-"""The flush test's one failure on the H200 (slot 5 after a flush at node 2): the pools of
+"""The flush test's failure on the H200 at 788123f (slot 5 after a flush at node 2; fixed in bad4380): the pools of
 tests/test_serve_spec_step.py's flush_case, flushed by the GPU kernel and, in a second process, by the Triton
 interpreter, each against fp64, per slot and (for the GPU) per value head.
 
