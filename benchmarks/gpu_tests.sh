@@ -7,10 +7,12 @@
 #     bash benchmarks/gpu_tests.sh OUT [LIMIT_S] [first test ids ...]
 #     GPU_TESTS_PART=kernels|engines bash benchmarks/gpu_tests.sh OUT ...
 #
-# The tests given after LIMIT_S run first, on their own; then the GPU test files below, 12 workers, under what is
-# left of LIMIT_S (default 560 s), with the property tests at 100 examples. All of them took 2,583 s of test time on
-# the H200 (2026-12-02), more than one 560 s run holds with 12 workers: GPU_TESTS_PART picks the kernels' files
-# (1,680 s) or the engines' (test_decode_graph, test_serve_tree_plugin: 904 s), one part per run.
+# The tests given after LIMIT_S run first, on their own; then the GPU test files below under what is left of
+# LIMIT_S (default 560 s), with the property tests at 100 examples: the kernels' files on 12 workers, the engines'
+# (test_decode_graph, test_serve_tree_plugin) on one. The engines' tests are host-bound (many small launches and
+# reads back), and several processes sharing the GPU slow them by up to 14x (H200, 2026-12-02: one tree-plugin
+# test 30 s alone, 422 s beside 11 other workers; 12 of them 32 s in one process, while 4 workers finished 4 in
+# 400 s). GPU_TESTS_PART=kernels (405 s on 12 workers) or engines picks one part per run; all runs both.
 set -u
 out=${1:?usage: gpu_tests.sh OUT [LIMIT_S] [first test ids ...]}
 limit=${2:-560}
@@ -20,9 +22,7 @@ kernels="tests/test_serve_spec_step.py tests/test_serve_reconstruct.py tests/tes
     tests/test_tree_attention.py tests/test_serve_tree_spec.py"
 engines="tests/test_decode_graph.py tests/test_serve_tree_plugin.py"
 case "${GPU_TESTS_PART:-all}" in
-    kernels) files=$kernels ;;
-    engines) files=$engines ;;
-    all) files="$kernels $engines" ;;
+    kernels|engines|all) ;;
     *) echo "GPU_TESTS_PART=$GPU_TESTS_PART: expected kernels, engines or all" >&2; exit 2 ;;
 esac
 mkdir -p "$out"
@@ -37,11 +37,23 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/gpu_tes
 if [ $# -gt 0 ]; then
     timeout $(( limit / 3 )) python3 -m pytest -v -rf -p no:cacheprovider "$@" >> "$out/gpu_tests.log" 2>&1
 fi
-left=$(( limit - ($(date +%s) - start) ))
-echo "part ${GPU_TESTS_PART:-all}:" $files >> "$out/gpu_tests.log"
-# shellcheck disable=SC2086  # the file list splits into its names
-timeout "$left" python3 -m pytest -v -rf -n 12 -p no:cacheprovider $files >> "$out/gpu_tests.log" 2>&1
-rc=$?
+# run_part NAME WORKERS FILES...: one pytest over FILES under what is left of LIMIT_S (WORKERS 1: no xdist)
+run_part() {
+    local name=$1 workers=$2 left
+    shift 2
+    left=$(( limit - ($(date +%s) - start) ))
+    echo "part $name ($workers workers):" "$@" >> "$out/gpu_tests.log"
+    if [ "$workers" -gt 1 ]; then set -- -n "$workers" "$@"; fi
+    timeout "$left" python3 -m pytest -v -rf -p no:cacheprovider "$@" >> "$out/gpu_tests.log" 2>&1
+}
+rc=0
+# shellcheck disable=SC2086  # the file lists split into their names
+case "${GPU_TESTS_PART:-all}" in
+    kernels) run_part kernels 12 $kernels || rc=$? ;;
+    engines) run_part engines 1 $engines || rc=$? ;;
+    all) run_part kernels 12 $kernels || rc=$?
+         run_part engines 1 $engines || rc=$? ;;
+esac
 grep -E "passed|failed" "$out/gpu_tests.log" | tail -2
 echo "pytest rc=$rc (124: cut off at the time limit)"
 exit $rc
