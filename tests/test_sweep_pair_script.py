@@ -1,0 +1,53 @@
+"""benchmarks/sweep_pair.sh, both modes' sweeps at once on two GPUs, with python3 stubbed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep_pair.sh"
+
+
+def _run(tmp_path, *args, rc: int = 0, env=None):
+    """Run the script with a python3 stub that records its GPU and arguments and fails with ``rc`` in TreeWY's mode."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
+    bin_dir.mkdir(exist_ok=True)
+    stub = bin_dir / "python3"
+    stub.write_text(f'#!/bin/sh\necho "gpu=$CUDA_VISIBLE_DEVICES $*" >> {calls}\necho "a point"\n'
+                    f'case "$*" in *reconstruct*) exit {rc} ;; esac\n')
+    stub.chmod(0o755)
+    r = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), *args], capture_output=True, text=True,
+                       env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", **(env or {})})
+    return r, sorted(line.split() for line in calls.read_text().splitlines())
+
+
+def test_each_mode_gets_its_own_gpu_and_port_and_comes_back_as_one_file(tmp_path):
+    r, calls = _run(tmp_path, "0.75", "420", "--workloads", "generation-short")
+    assert r.returncode == 0, r.stderr
+    assert [c[0] for c in calls] == ["gpu=0", "gpu=1"]
+    by_mode = {c[c.index("--mode") + 1]: c for c in calls}
+    assert by_mode["store_all"][0] == "gpu=0" and by_mode["reconstruct"][0] == "gpu=1"
+    ports = {m: c[c.index("--port") + 1] for m, c in by_mode.items()}
+    assert ports["store_all"] != ports["reconstruct"]
+    for mode, c in by_mode.items():
+        assert c[c.index("--gmu") + 1] == "0.75" and c[c.index("--stop-after") + 1] == "420"
+        assert "--pack" in c and c[-2:] == ["--workloads", "generation-short"] and "--resume-from" not in c
+        with tarfile.open(tmp_path / "out" / f"{mode}.tar.gz") as tar:
+            assert f"{mode}/sweep_{mode}_gmu0.75.log" in tar.getnames()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["reconstruct.tar.gz", "store_all.tar.gz"]
+
+
+def test_resume_folders_go_to_their_own_mode_and_a_failure_sets_the_exit_status(tmp_path):
+    r, calls = _run(tmp_path, "0.9", "300", rc=3, env={"RESUME_RECONSTRUCT": "build/resume_rc"})
+    assert r.returncode == 3 and "sweep_pair rc=3" in r.stdout
+    by_mode = {c[c.index("--mode") + 1]: c for c in calls}
+    assert by_mode["reconstruct"][by_mode["reconstruct"].index("--resume-from") + 1] == "build/resume_rc"
+    assert "--resume-from" not in by_mode["store_all"]
+
+
+def test_missing_arguments_are_refused_with_the_usage(tmp_path):
+    r = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), "0.75"], capture_output=True, text=True)
+    assert r.returncode != 0 and "usage: sweep_pair.sh OUT GMU STOP_AFTER_S" in r.stderr
+    assert not (tmp_path / "out").exists()
