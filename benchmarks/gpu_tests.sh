@@ -17,8 +17,9 @@ set -u
 out=${1:?usage: gpu_tests.sh OUT [LIMIT_S] [first test ids ...]}
 limit=${2:-560}
 shift $(( $# >= 2 ? 2 : 1 ))
-kernels="tests/test_serve_spec_step.py tests/test_serve_reconstruct.py tests/test_verify.py tests/test_commit.py
-    tests/test_store_all.py tests/test_conv.py tests/test_input_checks.py tests/test_properties.py
+# the property tests first: xdist hands out tests in this order, and theirs are the longest (up to 174 s each)
+kernels="tests/test_properties.py tests/test_serve_spec_step.py tests/test_serve_reconstruct.py tests/test_verify.py
+    tests/test_commit.py tests/test_store_all.py tests/test_conv.py tests/test_input_checks.py
     tests/test_tree_attention.py tests/test_serve_tree_spec.py"
 engines="tests/test_decode_graph.py tests/test_serve_tree_plugin.py"
 case "${GPU_TESTS_PART:-all}" in
