@@ -337,3 +337,31 @@ def test_predict_runs_a_slice_of_the_grid():
     df = predict(gmus=(0.6,), workloads=("balanced-short",), concurrency=(8,))
     assert df.height == 2 and (df["completed"] == 16).all()
     assert 0.8 * 128 <= df["mean_e2el_ms"].min() / df["mean_tpot_ms"].min()   # ~128 output tokens per request
+
+
+def test_the_scheduler_counts_the_steps_run_without_cuda_graphs():
+    """A step with a prefill chunk under decode-only graphs, or with more tokens than the largest captured graph,
+    is eager: the point counts those steps and their seconds, on the regular path and on the fast decode path."""
+    import dataclasses
+
+    from treewy.memory import ServerConfig
+
+    def point(**server):
+        _, (res,) = simulate(M35, "h200", gmu=0.6, mode="store_all", workload="custom", concurrency=[8],
+                             kernels=None, lengths=([64] * 16, [40] * 16), num_prompts=16, acceptance=2.0,
+                             server=dataclasses.replace(ServerConfig(max_num_seqs=256), **server),
+                             return_points=True)
+        return res
+
+    graphs = point()
+    assert graphs.eager_steps == 0 and graphs.eager_time == 0.0
+    decode_only = point(graphs_decode_only=True, eager_step_s=0.05)
+    # 16 prompts prefill in the first wave's step and in later steps of their own: at least 2, at most 16
+    assert 2 <= decode_only.eager_steps <= 16 < decode_only.steps
+    assert 0.05 * decode_only.eager_steps < decode_only.eager_time < decode_only.duration
+    # the eager steps cost eager_step_s more each, and nothing else changed: the run is that much longer
+    assert abs(decode_only.duration - graphs.duration - 0.05 * decode_only.eager_steps) < 1e-9
+    too_big = point(graph_max_tokens=8, eager_step_s=0.05)   # 8 requests x 4 tokens > 8: the decode steps too
+    assert too_big.steps - 2 <= too_big.eager_steps < too_big.steps          # the last step or two run <= 2 requests
+    assert abs(too_big.duration - graphs.duration - 0.05 * too_big.eager_steps) < 1e-9
+    assert 0.05 * too_big.eager_steps < too_big.eager_time <= too_big.duration

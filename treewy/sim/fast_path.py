@@ -25,7 +25,11 @@ def decode_until_event(e) -> bool:
                      cost=e.cost, now=e.now, t_next=t_next, window=e.window)
     if k is None:
         return False
-    n_steps, e.now, used, done_ids, emitted, e.last_start, sure = k
+    n_steps, t_end, used, done_ids, emitted, e.last_start, sure = k
+    if e.cost.eager(len(running) * e.T, 0):           # more tokens than the largest captured graph
+        e.eager_steps += n_steps
+        e.eager_time += t_end - e.now
+    e.now = t_end
     e.window = max(8, 2 * n_steps)
     e.free -= used
     e.steps += n_steps

@@ -63,6 +63,8 @@ class PointResult:
     decode_steps: int            # request-steps of verification
     decode_tokens: int           # tokens those steps emitted
     steps: int
+    eager_steps: int             # steps run without CUDA graphs (StepCost.eager): a prefill chunk, too many tokens
+    eager_time: float            # the seconds those steps took
     capacity_violations: int
     duration: float
 
@@ -135,7 +137,8 @@ class _Engine:
         self.next_req = 0
         self.window = 8                               # pure-decode steps drawn at once by the fast path
         self.peak_blocks = self.peak_running = self.preemptions = self.steps = self.violations = 0
-        self.decode_steps = self.decode_tokens = 0
+        self.decode_steps = self.decode_tokens = self.eager_steps = 0
+        self.eager_time = 0.0
 
     # --- requests in and out ----------------------------------------------------------------------------------
     def send(self, r: int, t: float, late: bool = False) -> None:
@@ -248,7 +251,8 @@ class _Engine:
                            peak_blocks=int(self.peak_blocks), num_blocks=self.total,
                            peak_running=int(self.peak_running), preemptions=int(self.preemptions),
                            decode_steps=int(self.decode_steps), decode_tokens=int(self.decode_tokens),
-                           steps=int(self.steps), capacity_violations=int(self.violations),
+                           steps=int(self.steps), eager_steps=int(self.eager_steps),
+                           eager_time=float(self.eager_time), capacity_violations=int(self.violations),
                            duration=float(end - start))
 
     # --- a regular step's parts -------------------------------------------------------------------------------
@@ -325,6 +329,9 @@ class _Engine:
         self.last_start = self.now
         self.now += dt
         self.steps += 1
+        if self.cost.eager(len(dec) * self.T + int(pf_tok.sum()), int(pf_tok.sum())):
+            self.eager_steps += 1
+            self.eager_time += dt
         done = self._prefill(pf, pf_tok) + self._verify(dec)
         self.t_done[done] = self.now
         if self.lag:

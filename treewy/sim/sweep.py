@@ -243,13 +243,15 @@ def _row(res, *, kind, point, **labels) -> dict:
     }
 
 
-def simulate_measured_point(row: dict, gpu: str, server: ServerConfig = ServerConfig()) -> dict:
+def simulate_measured_point(row: dict, gpu: str, server: ServerConfig = ServerConfig(), *, with_point: bool = False):
     """The simulated twin of one measured closed-loop row (``treewy bench-serve``): same model, TP, gmu, workload,
-    mode, concurrency, requests sent (completed + failed) and acceptance length, on the simulator's ``gpu``."""
+    mode, concurrency, requests sent (completed + failed) and acceptance length, on the simulator's ``gpu``. Returns
+    its row (a dict); ``with_point``: (row, the scheduler's PointResult, with its step counts)."""
     c = row["concurrency"]
-    return simulate(row["model"], gpu, row["tp"], row["gmu"], mode=row["mode"], workload=row["workload"],
-                    concurrency=[c], num_prompts=row["completed"] + (row["failed"] or 0),
-                    acceptance=row["acceptance_length"] or None, server=server).row(0, named=True)
+    df, (point,) = simulate(row["model"], gpu, row["tp"], row["gmu"], mode=row["mode"], workload=row["workload"],
+                            concurrency=[c], num_prompts=row["completed"] + (row["failed"] or 0),
+                            acceptance=row["acceptance_length"] or None, server=server, return_points=True)
+    return (df.row(0, named=True), point) if with_point else df.row(0, named=True)
 
 
 def sweep(model="qwen3.5-35b-a3b", gpu="b200", tp=1, gmu=0.6, tree=(1, 1, 1), concurrency=CONCURRENCIES, seed=0,
