@@ -59,6 +59,13 @@ def stalls_row(result: dict, slow_s: float) -> dict:
             "stall_share": float(slow.sum() / span) if span > 0 else float("nan")}
 
 
+def write_and_print(text: str, out: str | None) -> None:
+    """The report on stdout, and into ``out`` when given."""
+    if out:
+        Path(out).write_text(text)
+    print(text, end="")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", help="a folder of vllm bench serve result files (*.json or *.json.gz)")
@@ -82,10 +89,7 @@ def main(argv=None) -> int:
         lines.append(f"{name:40s} {r['gaps']:6d} {r['median_ms']:9.1f} {r['slow_share'] * 100:8.1f}% "
                      f"{r['slow_mean_ms']:13.1f} | {e['stalls']:15d} {e['stall_mean_ms']:8.1f} "
                      f"{e['stall_share'] * 100:6.1f}%")
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text, end="")
+    write_and_print("\n".join(lines) + "\n", args.out)
     return 0
 
 

@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.itl_gaps import stalls_row
+from benchmarks.itl_gaps import stalls_row, write_and_print
 
 
 def result_file(folder: Path, row: dict) -> Path | None:
@@ -87,11 +87,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sweep = Path(args.sweep)
     rows = compare(sweep, args.fit, args.gpu, args.slow_ms)
-    text = render(rows, f"Long steps measured ({sweep}) beside the SIMULATED eager steps of the same points "
-                        f"(fit {args.fit}, gpu {args.gpu})", args.slow_ms)
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text, end="")
+    write_and_print(render(rows, f"Long steps measured ({sweep}) beside the SIMULATED eager steps of the same "
+                                 f"points (fit {args.fit}, gpu {args.gpu})", args.slow_ms), args.out)
     return 0
 
 
