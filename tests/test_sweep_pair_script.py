@@ -4,22 +4,34 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep_pair.sh"
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "sweep_pair.sh"
 
 
 def _run(tmp_path, *args, rc: int = 0, env=None):
-    """Run the script with a python3 stub that records its GPU and arguments and fails with ``rc`` in TreeWY's mode."""
+    """Run the script with a python3 stub: it records its GPU and arguments, parses them with vllm_serve_gpu's own
+    parser (the sweep itself stubbed out), and exits with ``rc`` in TreeWY's mode."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
     bin_dir.mkdir(exist_ok=True)
     stub = bin_dir / "python3"
-    stub.write_text(f'#!/bin/sh\necho "gpu=$CUDA_VISIBLE_DEVICES $*" >> {calls}\necho "a point"\n'
-                    f'case "$*" in *reconstruct*) exit {rc} ;; esac\n')
+    stub.write_text(f"""#!{sys.executable}
+import os, sys
+with open({str(calls)!r}, "a") as f:
+    f.write("gpu=" + os.environ.get("CUDA_VISIBLE_DEVICES", "") + " " + " ".join(sys.argv[1:]) + "\\n")
+assert sys.argv[1:3] == ["-m", "benchmarks.vllm_serve_gpu"], sys.argv
+import benchmarks.vllm_serve_gpu as m
+m.cmd_sweep = lambda args: print("a point") or 0
+m.main(sys.argv[3:])
+sys.exit({rc} if "reconstruct" in sys.argv else 0)
+""")
     stub.chmod(0o755)
-    r = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), *args], capture_output=True, text=True,
-                       env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", **(env or {})})
+    r = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), *args], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
+                            **(env or {})})
     return r, sorted(line.split() for line in calls.read_text().splitlines())
 
 
