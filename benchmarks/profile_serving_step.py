@@ -24,6 +24,12 @@ per layer kind (``layer_kind``: GDN spec / conv / gating and norms, attention, M
 speculation, copies, other). Writes engine_<mode>_<device>_<date>.json (the raw traces stay in a temporary folder:
 they do not fit what comes back). ``table`` puts both modes side by side: engine_<device>_<date>.txt.
 
+``engine --mixed``: before each profiled step one new request of ``--prompt-len`` tokens arrives, so every step
+carries a prefill chunk beside the B decodes, as the serving sweep's steps do when a request replaces a finished one.
+With ``--compile decode`` (the sweep's server: no torch.compile, CUDA graphs for decode-only steps) those steps run
+eagerly: the long steps that ``benchmarks/long_steps_vs_sim.py`` counts (150-275 ms at store-all's queued points of
+2026-12-02). Files are named engine_<mode>_mixed_... and engine_mixed_...
+
 Setup on the GPU machine: vLLM staged by benchmarks/vllm_pieces.sh (one piece per run, the last one joins), then
 ``export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH VLLM_USE_FLASHINFER_SAMPLER=0``.
 """
@@ -251,18 +257,27 @@ def make_llm(args, trace_dir: Path):
     from treewy.serve.export import export_dummy
     from treewy.serve.launcher_command import capture_grid
 
+    from benchmarks.vllm_serve_gpu import COMPILE
+
     model = export_dummy("qwen3.5-35b-a3b", Path(trace_dir) / "model", max_len=args.max_model_len)
     rates = [float(r) for r in args.acceptance_rates.split(",")]
     spec = {"method": "mtp", "num_speculative_tokens": T - 1, "rejection_sample_method": "synthetic",
             "synthetic_acceptance_rates": rates}
     return LLM(model=str(model), load_format="dummy", language_model_only=True, gdn_prefill_backend="triton",
-               skip_tokenizer_init=True, max_model_len=args.max_model_len, max_num_seqs=max(args.batches),
+               skip_tokenizer_init=True, max_model_len=args.max_model_len, max_num_seqs=max_num_seqs(args),
                gpu_memory_utilization=args.gmu, enable_prefix_caching=False, speculative_config=spec,
-               # every profiled step replays a full graph: the largest is max(batches) x (1 + k) tokens
-               compilation_config={"cudagraph_capture_sizes": capture_grid(max(args.batches) * T)},
+               # every decode step profiled replays a full graph: the largest is max(batches) x (1 + k) tokens
+               compilation_config={**COMPILE[args.compile],
+                                   "cudagraph_capture_sizes": capture_grid(max(args.batches) * T)},
                profiler_config={"profiler": "torch", "torch_profiler_dir": str(trace_dir / "traces"),
                                 "torch_profiler_with_stack": False, "torch_profiler_record_shapes": False,
                                 "torch_profiler_use_gzip": True})
+
+
+def max_num_seqs(args) -> int:
+    """The engine's max_num_seqs: the largest batch, and with --mixed the requests that arrive while it is profiled
+    (so that none of them waits)."""
+    return max(args.batches) + (args.steps if args.mixed else 0)
 
 
 def trace_kernels(path: Path) -> list[tuple[str, float]]:
@@ -288,12 +303,17 @@ def cmd_engine(args) -> int:
     engine = llm.llm_engine
     gen = torch.Generator().manual_seed(0)
     params = SamplingParams(max_tokens=args.max_model_len - args.prompt_len - 1, temperature=0.0, ignore_eos=True)
+    arrival = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)    # --mixed: a prefill, then done
+
+    def add(rid, sampling):
+        prompt = torch.randint(0, 248000, (args.prompt_len,), generator=gen).tolist()
+        engine.add_request(rid, {"prompt_token_ids": prompt}, sampling)
+
     results = {}
     for B in args.batches:
         ids = [f"B{B}-{i}" for i in range(B)]
         for rid in ids:
-            prompt = torch.randint(0, 248000, (args.prompt_len,), generator=gen).tolist()
-            engine.add_request(rid, {"prompt_token_ids": prompt}, params)
+            add(rid, params)
         produced = {}
         while len([r for r in ids if produced.get(r, 0) >= 2]) < B:        # past the prefill and one spec step
             for out in engine.step():
@@ -301,7 +321,10 @@ def cmd_engine(args) -> int:
         before = set((work / "traces").glob("*")) if (work / "traces").exists() else set()
         llm.start_profile(profile_prefix=f"{args.mode}_B{B}")
         times = []
-        for _ in range(args.steps):
+        for i in range(args.steps):
+            if args.mixed:
+                ids.append(f"B{B}-arrival{i}")
+                add(ids[-1], arrival)
             t0 = time.perf_counter()
             engine.step()
             times.append((time.perf_counter() - t0) * 1e3)
@@ -313,16 +336,16 @@ def cmd_engine(args) -> int:
         events = [ev for p in new for ev in trace_kernels(p)]
         results[B] = dict(step_ms_median=statistics.median(times), step_ms=times, traces=[p.name for p in new],
                           **kernel_table(events, args.steps))
-        print(f"{args.mode} B={B}: step {statistics.median(times):.2f} ms (host); "
+        print(f"{args.mode}{' mixed' if args.mixed else ''} B={B}: step {statistics.median(times):.2f} ms (host); "
               + ", ".join(f"{k} {v:.0f} us" for k, v in list(results[B]["kinds"].items())[:6]), flush=True)
     dev = device_name(False)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(mode=args.mode, device=dev, date=stamp(), torch=torch.__version__, steps=args.steps,
                 prompt_len=args.prompt_len, acceptance_rates=args.acceptance_rates, gmu=args.gmu,
-                cudagraph_max_size=max(args.batches) * T,
+                cudagraph_max_size=max(args.batches) * T, compile=args.compile, mixed=args.mixed,
                 how="torch profiler in vLLM's engine core; kernel device time summed over the steps / steps")
-    path = out / f"engine_{args.mode}_{dev}_{stamp()}.json"
+    path = out / f"engine_{args.mode}{'_mixed' if args.mixed else ''}_{dev}_{stamp()}.json"
     path.write_text(json.dumps(dict(meta=meta, batches=results), indent=1))
     print(f"wrote {path}")
     return 0
@@ -344,8 +367,11 @@ def engine_text(reports: list[dict]) -> str:
     by_mode = {r["meta"]["mode"]: r for r in reports}
     modes = [m for m in ("store_all", "reconstruct") if m in by_mode]
     meta = reports[0]["meta"]
-    lines = [f"Decode steps inside vLLM 0.26, Qwen3.5-35B-A3B dummy weights, MTP k = {T - 1}, synthetic acceptance "
-             f"{meta['acceptance_rates']}; {meta['device']}, {meta['date']}; {meta['how']}", ""]
+    steps = ("Steps with one new request's prefill chunk beside the decodes" if meta.get("mixed")
+             else "Decode steps")
+    lines = [f"{steps} inside vLLM 0.26, Qwen3.5-35B-A3B dummy weights, MTP k = {T - 1}, synthetic acceptance "
+             f"{meta['acceptance_rates']}, compile {meta.get('compile', 'default')}; {meta['device']}, "
+             f"{meta['date']}; {meta['how']}", ""]
     batches = sorted({int(b) for r in reports for b in r["batches"]})
     for B in batches:
         rows = {m: by_mode[m]["batches"].get(str(B)) or by_mode[m]["batches"].get(B) for m in modes}
@@ -368,11 +394,15 @@ def engine_text(reports: list[dict]) -> str:
 
 def cmd_table(args) -> int:
     reports = [json.loads(Path(p).read_text()) for p in args.reports]
+    kinds = {(bool(r["meta"].get("mixed")), r["meta"].get("compile", "default")) for r in reports}
+    if len(kinds) > 1:
+        raise SystemExit(f"reports: {len(kinds)} kinds of step (--mixed, --compile) among them; put one kind in a "
+                         "table")
     text = engine_text(reports)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = reports[0]["meta"]
-    (out / f"engine_{meta['device']}_{meta['date']}.txt").write_text(text)
+    (out / f"engine_{'mixed_' if meta.get('mixed') else ''}{meta['device']}_{meta['date']}.txt").write_text(text)
     print(text)
     return 0
 
@@ -392,6 +422,10 @@ def main(argv=None) -> int:
     e.add_argument("--gmu", type=float, default=0.9)
     e.add_argument("--acceptance-rates", default="0.8,0.6,0.45",
                    help="vLLM's synthetic_acceptance_rates per draft position (the same in both modes)")
+    e.add_argument("--mixed", action="store_true",
+                   help="one new request arrives before each profiled step: its prefill chunk beside the decodes")
+    e.add_argument("--compile", default="default", choices=("default", "decode"),
+                   help="vLLM's compilation as benchmarks/vllm_serve_gpu.py's --compile (decode: the sweep's server)")
     t = sub.add_parser("table", help="both modes' engine reports side by side")
     t.add_argument("reports", nargs="+")
     for q in (g, e, t):

@@ -288,3 +288,29 @@ def test_engine_profile_tables_sum_kernels_per_layer_kind():
     text = prof.engine_text(reports)
     assert "B = 16: host step (ms) store_all 21.00, reconstruct 20.00" in text
     assert "gdn spec step" in text and "150.0" in text
+
+
+def test_engine_profile_of_mixed_steps_is_its_own_kind_of_table(tmp_path):
+    """``engine --mixed`` profiles steps that each prefill one arriving request beside the decodes: the engine
+    holds the arrivals too, its table says so, and a table of mixed and decode-only reports together is refused."""
+    import argparse
+    import json
+
+    from benchmarks import profile_serving_step as prof
+    from benchmarks.vllm_serve_gpu import COMPILE
+
+    args = argparse.Namespace(batches=[1, 64], steps=8, mixed=True)
+    assert prof.max_num_seqs(args) == 72 and prof.max_num_seqs(argparse.Namespace(**{**vars(args), "mixed": False})) == 64
+    assert set(COMPILE) == {"default", "decode"}      # the --compile choices the engine profile offers
+    t = prof.kernel_table([("fused_moe_kernel", 20.0)], steps=1)
+    meta = dict(acceptance_rates="0.8", device="h200", date="d", how="h", compile="decode")
+    paths = []
+    for mode, mixed in (("store_all", True), ("reconstruct", True), ("reconstruct", False)):
+        paths.append(tmp_path / f"{mode}_{mixed}.json")
+        paths[-1].write_text(json.dumps(dict(meta=dict(meta, mode=mode, mixed=mixed),
+                                             batches={"16": dict(step_ms_median=200.0, **t)})))
+    assert prof.main(["table", *map(str, paths[:2]), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "engine_mixed_h200_d.txt").read_text()
+    assert text.startswith("Steps with one new request's prefill chunk beside the decodes") and "compile decode" in text
+    with pytest.raises(SystemExit, match="2 kinds of step"):
+        prof.main(["table", *map(str, paths), "--out", str(tmp_path / "out")])
