@@ -12,7 +12,10 @@ other points, and simulates again with host_overhead_s += a, host_per_request_s 
 prefill costs that a wave's time to first token measures (``prefill_request_s`` per request with a prefill chunk in a
 step, ``prefill_token_s`` per prefill token) by least squares on the relative mean TTFT of the points
 ``ttft_clean`` names (the others carry one-time costs or queueing: ``benchmarks/results/ttft_explained_2026-12-01.md``),
-and the eager cost again with them. Prints and writes one table: measured, assumed, fitted; and the time to first
+and the eager cost again with them. ``--long-steps RESULTS`` prices the eager step on what it measures directly
+instead: the engine's long steps in vllm bench serve's records (``long_step_means``: their mean per point,
+``benchmarks/long_steps_vs_sim.py``), matched by the simulated eager steps' mean at the same points. Prints and
+writes one table: measured, assumed, fitted; and the time to first
 token per point measured, then SIMULATED with the fixed costs of the TPOT fit alone, then with the prefill costs too,
 mean and p99.
 """
@@ -54,17 +57,71 @@ def graph_max_tokens(rows) -> int:
 def fit_eager_step(rows, gpu: str, server) -> float:
     """The eager step's extra seconds that best fit the measured TPOT of ``rows`` (golden section on the
     squared log ratios, 0-300 ms)."""
-    import dataclasses
     import math
 
     def loss(x):
         sims = simulate_like(rows, gpu, dataclasses.replace(server, eager_step_s=x))
         return sum(math.log(s["mean_tpot_ms"] / r["mean_tpot_ms"]) ** 2 for r, s in zip(rows, sims))
 
-    lo, hi, phi = 0.0, 0.3, (math.sqrt(5) - 1) / 2
+    return golden_section(loss, 0.0, 0.3)
+
+
+#: the points whose long steps price the eager step: a replacement's prefill beside other requests' decodes (not
+#: a single request's loop, whose gaps between requests also hold the client's turnaround), enough of them
+LONG_STEPS_MIN_CONCURRENCY = 8
+LONG_STEPS_MIN_COUNT = 5
+
+
+def long_step_means(rows, results: Path, slow_ms: float = 100.0) -> dict[int, float]:
+    """{row index: the mean ms of the engine's steps longer than ``slow_ms``} for the rows whose point has its vllm
+    bench serve record in ``results`` and prices the eager step (``LONG_STEPS_MIN_*``)."""
+    import gzip
+    import json
+
+    from benchmarks.itl_gaps import stalls_row
+    from benchmarks.long_steps_vs_sim import result_file
+
+    out = {}
+    for i, r in enumerate(rows):
+        path = result_file(results, r)
+        if path is None or r["concurrency"] < LONG_STEPS_MIN_CONCURRENCY:
+            continue
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
+            st = stalls_row(json.load(f), slow_ms / 1e3)
+        if st["stalls"] >= LONG_STEPS_MIN_COUNT:
+            out[i] = st["stall_mean_ms"]
+    return out
+
+
+def fit_eager_to_long_steps(rows, means: dict[int, float], gpu: str, server) -> float:
+    """The eager step's extra seconds whose simulated eager steps average what the measured long steps of the same
+    points average (``long_step_means``; golden section on the squared log ratios of the means, 0-300 ms)."""
+    import math
+
+    from treewy.sim.sweep import simulate_measured_point
+
+    picked = [(rows[i], ms) for i, ms in means.items()]
+
+    def loss(x):
+        cfg = dataclasses.replace(server, eager_step_s=x)
+        total = 0.0
+        for r, ms in picked:
+            _, point = simulate_measured_point(r, gpu, cfg, with_point=True)
+            if point.eager_steps:
+                total += math.log(point.eager_time / point.eager_steps * 1e3 / ms) ** 2
+        return total
+
+    return golden_section(loss, 0.0, 0.3)
+
+
+def golden_section(loss, lo: float, hi: float, rounds: int = 30) -> float:
+    """The minimum of a unimodal ``loss`` on [lo, hi]."""
+    import math
+
+    phi = (math.sqrt(5) - 1) / 2
     m1, m2 = hi - phi * (hi - lo), lo + phi * (hi - lo)
     f1, f2 = loss(m1), loss(m2)
-    for _ in range(30):  # each step keeps one of the two inner points and evaluates one new one
+    for _ in range(rounds):  # each step keeps one of the two inner points and evaluates one new one
         if f1 < f2:
             hi, m2, f2 = m2, m1, f1
             m1 = hi - phi * (hi - lo)
@@ -170,6 +227,8 @@ def main(argv=None) -> int:
                     "(<workload>-<mode>-c<N>.json, searched recursively): adds their median and spread of TTFT")
     ap.add_argument("--fit-name", help="also write the fitted ServerConfig into the server fits table under this "
                     "name (treewy.sim.calibrated.fitted(NAME) reads it)")
+    ap.add_argument("--long-steps", metavar="RESULTS", help="price the eager step from the measured long steps "
+                    "(vllm bench serve's records in RESULTS: long_step_means) instead of the queued points' TPOT")
     args = ap.parse_args(argv)
     meas = pl.read_parquet(args.measured).filter(pl.col("error").is_null(), pl.col("concurrency").is_not_null())
     rows = list(meas.iter_rows(named=True))
@@ -184,12 +243,27 @@ def main(argv=None) -> int:
     graphs = dataclasses.replace(assumed, host_overhead_s=assumed.host_overhead_s + a * 1e-3,
                                  host_per_request_s=b * 1e-3, graph_max_tokens=top, graphs_decode_only=True)
     queued = [r for i, r in enumerate(rows) if i not in fit]
-    eager0 = fit_eager_step(queued, args.gpu, graphs) if queued else 0.0
+    if args.long_steps:
+        means = long_step_means(rows, Path(args.long_steps))
+        if not means:
+            raise SystemExit(f"--long-steps {args.long_steps}: no point there with {LONG_STEPS_MIN_COUNT} or more "
+                             f"long steps at {LONG_STEPS_MIN_CONCURRENCY} or more requests")
+
+        def eager_fit(server):
+            return fit_eager_to_long_steps(rows, means, args.gpu, server)
+        eager_on = (f"the measured long steps (> 100 ms, no token out) of the {len(means)} points with "
+                    f">= {LONG_STEPS_MIN_COUNT} of them at >= {LONG_STEPS_MIN_CONCURRENCY} requests (least squares on "
+                    "the log of the simulated eager steps' mean over the measured long steps' mean)")
+    else:
+        def eager_fit(server):
+            return fit_eager_step(queued, args.gpu, server) if queued else 0.0
+        eager_on = f"the {len(queued)} other points (least squares on log TPOT)"
+    eager0 = eager_fit(graphs)
     tpot_only = dataclasses.replace(graphs, eager_step_s=eager0)
     clean = [r for r in rows if ttft_clean(r) is None]
     per_req, per_tok = fit_prefill(clean, args.gpu, tpot_only) if clean else (0.0, 0.0)
     with_prefill = dataclasses.replace(graphs, prefill_request_s=per_req, prefill_token_s=per_tok)
-    eager = fit_eager_step(queued, args.gpu, with_prefill) if queued else 0.0
+    eager = eager_fit(with_prefill)
     fitted = dataclasses.replace(with_prefill, eager_step_s=eager)
     second = simulate_like(rows, args.gpu, fitted)
     before = simulate_like(rows, args.gpu, tpot_only)
@@ -204,7 +278,7 @@ def main(argv=None) -> int:
              f"host_per_request_s 0 -> {fitted.host_per_request_s:.2e})",
              f"then, with steps of more than {top} tokens or with a prefill chunk run eagerly (the "
              "servers' max_cudagraph_capture_size and FULL_DECODE_ONLY graphs), the eager step's extra cost fitted "
-             f"over the {len(queued)} other points (least squares on log TPOT): eager_step_s {eager0:.2e}",
+             f"on {eager_on}: eager_step_s {eager0:.2e}",
              f"then the prefill costs over the {len(clean)} points whose TTFT is clean (least squares on relative mean "
              f"TTFT; the others: {', '.join(sorted({ttft_clean(r) for r in rows} - {None}))}): "
              f"prefill_request_s 0 -> {per_req:.2e}, prefill_token_s 0 -> {per_tok:.2e}",
@@ -243,7 +317,7 @@ def main(argv=None) -> int:
         Path(args.out).write_text(text + "\n")
         print(f"wrote {args.out}")
     if args.fit_name:
-        entry = fit_entry(fitted, rows, args.measured, len(fit), len(queued), len(clean), args.out)
+        entry = fit_entry(fitted, rows, args.measured, len(fit), len(clean), args.out, eager_on)
         print(f"wrote {write_fit(args.fit_name, entry)} ({args.fit_name})")
     return 0
 
@@ -253,7 +327,7 @@ FIT_FIELDS = ("max_num_seqs", "host_overhead_s", "host_per_request_s", "graph_ma
               "eager_step_s", "prefill_request_s", "prefill_token_s")
 
 
-def fit_entry(server, rows, measured: str, n_fit: int, n_queued: int, n_clean: int, report: str | None) -> dict:
+def fit_entry(server, rows, measured: str, n_fit: int, n_clean: int, report: str | None, eager_on: str) -> dict:
     """The server fits table's entry for a fit: the ServerConfig, where and how it was measured and fitted."""
     r0 = rows[0]
     graphs = f"decode-only full CUDA graphs up to {server.graph_max_tokens} tokens"
@@ -265,8 +339,8 @@ def fit_entry(server, rows, measured: str, n_fit: int, n_queued: int, n_clean: i
             "fitted_to": Path(measured).name, "points": len(rows),
             "fit": [f"host_overhead_s and host_per_request_s: least squares of (measured - assumed TPOT) x tokens per "
                     f"step on the {n_fit} decode-bound points (benchmarks/sim_vs_measured.py decode_bound)",
-                    f"eager_step_s: on the {n_queued} other points (a step with a prefill chunk, or more tokens than "
-                    "the largest graph, runs without CUDA graphs)",
+                    f"eager_step_s: on {eager_on} (a step with a prefill chunk, or more tokens than the largest "
+                    "graph, runs without CUDA graphs)",
                     f"prefill_request_s, prefill_token_s: on the relative mean TTFT of the {n_clean} clean points "
                     "(ttft_clean), then eager_step_s again"],
             "report": report}

@@ -167,8 +167,47 @@ def test_the_refit_prices_the_accepted_sweeps_decode_points(tmp_path):
         assert abs(s["mean_tpot_ms"] / r["mean_tpot_ms"] - 1) < bound, (r["workload"], r["mode"], r["concurrency"])
     shutil.copy(DATA_DIR / INDEX_NAME, tmp_path / INDEX_NAME)
     shutil.copy(table("server_fits"), tmp_path / table("server_fits").name)
-    path = write_fit("TEST_FIT", fit_entry(refit, rows, str(MEASURED_ACCEPTED), 7, 0, 0, None), tmp_path)
+    path = write_fit("TEST_FIT", fit_entry(refit, rows, str(MEASURED_ACCEPTED), 7, 0, None, "the 0 other points"),
+                     tmp_path)
     entry = json.loads(path.read_text())["TEST_FIT"]
     assert ServerConfig(**entry["server"]) == dataclasses.replace(ServerConfig(), **entry["server"])
     assert entry["server"]["host_overhead_s"] == pytest.approx(refit.host_overhead_s, rel=1e-2)
     assert entry["fitted_to"] == MEASURED_ACCEPTED.name and entry["points"] == 7
+
+
+def _record(path, gaps_s):
+    """A vllm bench serve record of one request whose engine steps are ``gaps_s`` apart."""
+    import gzip
+    import json
+
+    with gzip.open(path, "wt") as f:
+        json.dump({"start_times": [0.0], "ttfts": [0.1], "itls": [list(gaps_s)]}, f)
+
+
+def test_long_step_means_take_the_points_that_price_a_replacements_prefill(tmp_path):
+    """A point counts with 5 or more long steps at 8 or more requests: not a single request's loop, whose gaps
+    between requests hold the client's turnaround too."""
+    from benchmarks.sim_vs_measured import long_step_means
+
+    rows = [{"workload": "w", "mode": "store_all", "concurrency": c} for c in (8, 1, 32, 64)]
+    _record(tmp_path / "w-store_all-c8.json.gz", [0.02] * 10 + [0.2, 0.3] * 3)     # 6 long steps: 250 ms
+    _record(tmp_path / "w-store_all-c1.json.gz", [0.02] * 10 + [0.2] * 6)          # a single request's loop
+    _record(tmp_path / "w-store_all-c32.json.gz", [0.02] * 10 + [0.2] * 4)         # too few long steps
+    assert long_step_means(rows, tmp_path) == {0: pytest.approx(250.0)}            # c64 has no record
+
+
+def test_the_eager_price_fitted_on_long_steps_recovers_the_one_that_made_them():
+    """Measured long steps made by the simulator itself at eager_step_s = 50 ms: the fit finds 50 ms again."""
+    from benchmarks.sim_vs_measured import fit_eager_to_long_steps
+    from treewy.sim.calibrated import H200_VLLM026_GRAPHS1024_ACCEPTED as refit
+
+    rows = [r for r in pl.read_parquet(MEASURED_ACCEPTED).iter_rows(named=True)
+            if r["mode"] == "store_all" and r["concurrency"] == 64 and r["workload"] != "balanced-short"]
+    made = dataclasses.replace(refit, eager_step_s=0.05)
+    means = {}
+    for i, r in enumerate(rows):
+        _, point = simulate_measured_point(r, "h200", made, with_point=True)
+        assert point.eager_steps >= 5
+        means[i] = point.eager_time / point.eager_steps * 1e3
+    fitted = fit_eager_to_long_steps(rows, means, "h200", dataclasses.replace(refit, eager_step_s=0.0))
+    assert fitted == pytest.approx(0.05, abs=2e-3)
