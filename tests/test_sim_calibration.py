@@ -211,3 +211,21 @@ def test_the_eager_price_fitted_on_long_steps_recovers_the_one_that_made_them():
         means[i] = point.eager_time / point.eager_steps * 1e3
     fitted = fit_eager_to_long_steps(rows, means, "h200", dataclasses.replace(refit, eager_step_s=0.0))
     assert fitted == pytest.approx(0.05, abs=2e-3)
+
+
+def test_the_long_step_fit_prices_store_alls_queued_points_closer_than_the_refit():
+    """H200_VLLM026_GRAPHS1024_LONGSTEPS prices the eager step at what the measured long steps cost: at store-all's
+    queued points (balanced-short 128 and 256, summarize-short 256: 2026-12-02) its throughput is within 1.5x of
+    vLLM's, where the refit's was 1.6-1.8x too high."""
+    from treewy.sim.calibrated import H200_VLLM026_GRAPHS1024_ACCEPTED as refit
+    from treewy.sim.calibrated import H200_VLLM026_GRAPHS1024_LONGSTEPS as longsteps
+
+    assert 0.10 < longsteps.eager_step_s < 0.15 and longsteps.eager_step_s > 1.5 * refit.eager_step_s
+    rows = [r for r in pl.read_parquet(MEASURED_ACCEPTED).iter_rows(named=True)
+            if r["mode"] == "store_all" and (r["workload"], r["concurrency"]) in
+            {("balanced-short", 128), ("balanced-short", 256), ("summarize-short", 256)}]
+    assert len(rows) == 3
+    for r in rows:
+        new, old = (simulate_measured_point(r, "h200", f)["output_throughput"] for f in (longsteps, refit))
+        assert r["output_throughput"] / old < 0.65 < 1 / 1.5 < r["output_throughput"] / new < 1.0, (
+            r["workload"], r["concurrency"], r["output_throughput"], old, new)

@@ -21,6 +21,13 @@ acceptance at the paper's 35B chain (3.23 tokens per step), refitted on 2026-12-
 points whose TPOT measures decode steps alone (``decode_bound``: summarize-short's long prompts interleave prefill
 chunks with decoding from 32 requests up, which the first fit's per-request term had absorbed). Its predictions for
 the gmus not yet measured are committed before they run; until they are compared, the first fit stays the default.
+
+``H200_VLLM026_GRAPHS1024_LONGSTEPS``: the same sweep (all 36 points), its eager step priced on what it measures
+directly: the engine's long steps in vllm bench serve's records, whose mean per point the simulated eager steps'
+mean matches (``benchmarks/sim_vs_measured.py --long-steps``; the steps counted agree, the price was half:
+``benchmarks/results/long_steps_vs_sim_35b_h200_gmu0.6_2026-12-02.txt``). The eager step costs 119 ms beyond a
+graph step, and the TTFT fit then needs no per-prefill-token cost. Its predictions for gmu 0.75 and 0.9 are
+committed before those runs too.
 """
 
 from __future__ import annotations
@@ -46,3 +53,4 @@ def fitted(name: str) -> ServerConfig:
 
 H200_VLLM026_DECODE_GRAPHS = fitted("H200_VLLM026_DECODE_GRAPHS")
 H200_VLLM026_GRAPHS1024_ACCEPTED = fitted("H200_VLLM026_GRAPHS1024_ACCEPTED")
+H200_VLLM026_GRAPHS1024_LONGSTEPS = fitted("H200_VLLM026_GRAPHS1024_LONGSTEPS")
