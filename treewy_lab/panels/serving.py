@@ -17,7 +17,8 @@ from treewy.memory import GPU, ModelSpec, ServerConfig
 from treewy.schema import load_measured
 from treewy.paper import SERVING_RATIOS, SHAPES
 from treewy.sim import CONCURRENCIES, knee, ratio_table, simulate
-from treewy.sim.calibrated import H200_VLLM026_DECODE_GRAPHS, H200_VLLM026_GRAPHS1024_ACCEPTED
+from treewy.sim.calibrated import (H200_VLLM026_DECODE_GRAPHS, H200_VLLM026_GRAPHS1024_ACCEPTED,
+                                   H200_VLLM026_GRAPHS1024_LONGSTEPS)
 from treewy.workloads import CATALOGUE
 
 MODELS = ["qwen3.5-35b-a3b", "qwen3.5-397b-a17b", "qwen3-next-80b-a3b"]
@@ -30,7 +31,8 @@ ACCEPTANCE = {"paper's": None, "none (dummy weights)": 1.0}
 MEASURED_ACCEPTANCE = {"paper's": "paper", "none (dummy weights)": "none"}
 #: The step's fixed costs: assumed, or fitted to a measured sweep (treewy.sim.calibrated).
 STEP_COSTS = {"assumed": ServerConfig(), "fitted: H200, vLLM 0.26, decode graphs": H200_VLLM026_DECODE_GRAPHS,
-              "refitted: H200, vLLM 0.26, graphs to 1024, accepted drafts": H200_VLLM026_GRAPHS1024_ACCEPTED}
+              "refitted: H200, vLLM 0.26, graphs to 1024, accepted drafts": H200_VLLM026_GRAPHS1024_ACCEPTED,
+              "long-step fit: the refit, eager steps priced as measured": H200_VLLM026_GRAPHS1024_LONGSTEPS}
 DUMMY_NOTE = ("dummy weights: acceptance is meaningless there; memory, admission, preemptions, TTFT and throughput "
               "are real")
 
