@@ -1,6 +1,6 @@
 """Merge what a serving sweep call brought back from the GPU machine into the committed results (CPU, seconds).
 
-    python -m benchmarks.merge_sweep /work/.device/N benchmarks/results/serve35b_h200_gmu0.75_2026-12-03 \
+    python -m benchmarks.merge_sweep CALL_FILES benchmarks/results/serve35b_h200_gmu0.75_2026-12-03 \
         --package serving_qwen3.5-35b-a3b_h200_gmu0.75_2026-12-03.parquet
 
 The first argument holds the call's files: ``<mode>.tar.gz`` from ``sweep_pair.sh`` (each a mode's --out folder),
