@@ -257,8 +257,9 @@ def _tf32_operand(x):
 def untimed_autotune():
     """Every autotuned verify kernel runs the first config its pruning keeps for each shape, untimed and compiled
     alone: for GPU tests, whose results are the same under every config (timing every config of every new shape
-    compiles each of them first: the likely cost of the tree plugin's engine tests, up to 331 s each on the H200,
-    against about 1 s on a CPU, where the interpreter has one config)."""
+    compiles each of them first). It was not what made the tree plugin's engine tests slow on the H200: with it,
+    one still took 422 s beside 11 other test processes and 30 s alone (benchmarks/gpu_tests.sh runs them in one
+    process)."""
     from triton.runtime.autotuner import Autotuner
 
     from treewy.ops.verify.kernel import KERNEL_FNS
