@@ -23,6 +23,12 @@ from pathlib import Path
 import numpy as np
 
 
+def load_record(path: Path) -> dict:
+    """A vllm bench serve result file, plain (*.json) or gzipped (*.json.gz)."""
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
+        return json.load(f)
+
+
 def gaps_row(result: dict, slow_s: float) -> dict:
     """(gaps, median_ms, slow_share, slow_mean_ms) of one point's results."""
     itl = np.concatenate([np.asarray(x, dtype=float) for x in result["itls"] if len(x)] or [np.zeros(0)])
@@ -81,9 +87,7 @@ def main(argv=None) -> int:
              f"{'point':40s} {'gaps':>6s} {'median ms':>9s} {slow:>9s} {'their mean ms':>13s} | "
              f"{'steps ' + slow:>15s} {'mean ms':>8s} {'of time':>7s}"]
     for path in files:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt") as f:
-            result = json.load(f)
+        result = load_record(path)
         r, e = gaps_row(result, args.slow_ms / 1e3), stalls_row(result, args.slow_ms / 1e3)
         name = path.name.removesuffix(".gz").removesuffix(".json")
         lines.append(f"{name:40s} {r['gaps']:6d} {r['median_ms']:9.1f} {r['slow_share'] * 100:8.1f}% "

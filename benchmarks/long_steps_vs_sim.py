@@ -15,12 +15,10 @@ chunks in other steps than vLLM does.
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import sys
 from pathlib import Path
 
-from benchmarks.itl_gaps import stalls_row, write_and_print
+from benchmarks.itl_gaps import load_record, stalls_row, write_and_print
 
 
 def result_file(folder: Path, row: dict) -> Path | None:
@@ -49,8 +47,7 @@ def compare(sweep: Path, fit: str, gpu: str = "h200", slow_ms: float = 100.0) ->
         path = result_file(sweep / "results", row)
         if path is None:
             continue
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
-            measured = stalls_row(json.load(f), slow_ms / 1e3)
+        measured = stalls_row(load_record(path), slow_ms / 1e3)
         _, point = simulate_measured_point(row, gpu, server, with_point=True)
         out.append({"workload": row["workload"], "mode": row["mode"], "concurrency": row["concurrency"],
                     **measured, "sim_eager_steps": point.eager_steps,

@@ -50,6 +50,7 @@ from pathlib import Path
 import torch
 
 import treewy  # noqa: F401  (before triton: the interpreter switch where there is no GPU)
+from benchmarks.vllm_serve_gpu import COMPILE
 from treewy.bench.registry import measure
 
 BATCHES = (1, 16, 32, 64, 128, 256)
@@ -257,8 +258,6 @@ def make_llm(args, trace_dir: Path):
     from treewy.serve.export import export_dummy
     from treewy.serve.launcher_command import capture_grid
 
-    from benchmarks.vllm_serve_gpu import COMPILE
-
     model = export_dummy("qwen3.5-35b-a3b", Path(trace_dir) / "model", max_len=args.max_model_len)
     rates = [float(r) for r in args.acceptance_rates.split(",")]
     spec = {"method": "mtp", "num_speculative_tokens": T - 1, "rejection_sample_method": "synthetic",
@@ -424,7 +423,7 @@ def main(argv=None) -> int:
                    help="vLLM's synthetic_acceptance_rates per draft position (the same in both modes)")
     e.add_argument("--mixed", action="store_true",
                    help="one new request arrives before each profiled step: its prefill chunk beside the decodes")
-    e.add_argument("--compile", default="default", choices=("default", "decode"),
+    e.add_argument("--compile", default="default", choices=tuple(COMPILE),
                    help="vLLM's compilation as benchmarks/vllm_serve_gpu.py's --compile (decode: the sweep's server)")
     t = sub.add_parser("table", help="both modes' engine reports side by side")
     t.add_argument("reports", nargs="+")

@@ -75,19 +75,15 @@ LONG_STEPS_MIN_COUNT = 5
 def long_step_means(rows, results: Path, slow_ms: float = 100.0) -> dict[int, float]:
     """{row index: the mean ms of the engine's steps longer than ``slow_ms``} for the rows whose point has its vllm
     bench serve record in ``results`` and prices the eager step (``LONG_STEPS_MIN_*``)."""
-    import gzip
-    import json
-
-    from benchmarks.itl_gaps import stalls_row
+    from benchmarks.itl_gaps import load_record, stalls_row
     from benchmarks.long_steps_vs_sim import result_file
 
     out = {}
     for i, r in enumerate(rows):
-        path = result_file(results, r)
-        if path is None or r["concurrency"] < LONG_STEPS_MIN_CONCURRENCY:
+        path = result_file(results, r) if r["concurrency"] >= LONG_STEPS_MIN_CONCURRENCY else None
+        if path is None:
             continue
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
-            st = stalls_row(json.load(f), slow_ms / 1e3)
+        st = stalls_row(load_record(path), slow_ms / 1e3)
         if st["stalls"] >= LONG_STEPS_MIN_COUNT:
             out[i] = st["stall_mean_ms"]
     return out

@@ -323,13 +323,13 @@ class _Engine:
         is read now, or two steps later under asynchronous scheduling."""
         ids, tok, is_pf = np.array(batch.ids), np.array(batch.tokens), np.array(batch.prefill)
         dec, pf, pf_tok = ids[~is_pf], ids[is_pf], tok[is_pf]
-        prefix = self.comp[pf]
-        dt = self.cost.scalar(len(dec), int(self.comp[dec].sum()), int(pf_tok.sum()),
+        prefix, n_pf_tok = self.comp[pf], int(pf_tok.sum())
+        dt = self.cost.scalar(len(dec), int(self.comp[dec].sum()), n_pf_tok,
                               float((pf_tok * (prefix + pf_tok / 2)).sum()), len(pf), int(prefix.sum()))
         self.last_start = self.now
         self.now += dt
         self.steps += 1
-        if self.cost.eager(len(dec) * self.T + int(pf_tok.sum()), int(pf_tok.sum())):
+        if self.cost.eager(len(dec) * self.T + n_pf_tok, n_pf_tok):
             self.eager_steps += 1
             self.eager_time += dt
         done = self._prefill(pf, pf_tok) + self._verify(dec)
