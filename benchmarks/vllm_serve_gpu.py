@@ -642,7 +642,7 @@ def cmd_tree_tiny(args) -> int:
     sampled = args.temperature > 0
     report = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(0), "prompts": prompts,
               "new_tokens": args.new_tokens, "drafter": args.drafter, "temperature": args.temperature,
-              "seed": args.seed if sampled else None, "runs": [], "lines": []}
+              "seed": args.seed if sampled else None, "compile": args.compile, "runs": [], "lines": []}
     env_extra = {"TREEWY_FP32_PREFILL": "1", "TRITON_F32_DEFAULT": "ieee"}   # fp32: equal up to real near-ties
     sampling = {"temperature": args.temperature, "seed": args.seed} if sampled else {}
     model = load("tiny", dtype=torch.float32, device="cuda")
@@ -655,7 +655,7 @@ def cmd_tree_tiny(args) -> int:
                                 port=args.port, max_model_len=2048, served_model_name="tiny", tree=tree,
                                 drafter=args.drafter,
                                 num_speculative_tokens=DraftTree.from_widths(tree).num_drafts,
-                                extra_args=VLLM_026_ARGS + ["--dtype", "float32"])
+                                extra_args=VLLM_026_ARGS + ["--dtype", "float32"] + compile_args(args.compile))
             run = {"tree": list(tree), "mode": mode, "phases": {}}
             head = f"{mode} tree {tree} {args.drafter}"
             try:
@@ -694,7 +694,7 @@ def cmd_tree_tiny(args) -> int:
            if sampled else "temperature 0")
     (out / "tree_tiny.txt").write_text("\n".join([f"tree-tiny {report['date']} on {report['device']}, "
                                                    f"{len(prompts)} prompts x {args.new_tokens} new tokens, fp32, "
-                                                   f"{how}", *report["lines"]]) + "\n")
+                                                   f"{how}, compile {args.compile}", *report["lines"]]) + "\n")
     print("\n".join(report["lines"]))
     ok = all("error" not in r and all(p["depths"]["matches"] if sampled else p["equal"] == len(prompts)
                                       for p in r["phases"].values()) for r in report["runs"])
@@ -779,6 +779,9 @@ def main(argv=None) -> int:
     tt.add_argument("--port", type=int, default=8051)
     tt.add_argument("--drafter", default="mtp", choices=("mtp", "ngram"),
                     help="the served drafter (vLLM's mtp or ngram method) and the reference's")
+    tt.add_argument("--compile", default="decode", choices=tuple(COMPILE),
+                    help="decode: every decode step (the tree's verify) replayed from a full CUDA graph, no "
+                         "torch.compile (servers start in seconds); default: vLLM's own compile and graphs")
     tt.add_argument("--temperature", type=_temperature, default=0.0,
                     help="0: outputs equal to generate's; above 0: sampled, accepted depths compared statistically")
     tt.add_argument("--seed", type=_seed, default=0,

@@ -290,8 +290,10 @@ def test_tree_tiny_serves_every_tree_and_mode_and_reports_equal_lines(tmp_path, 
         assert env["TREEWY_TREE"] == tree and env["VLLM_PLUGINS"] == "treewy"
         assert env["TREEWY_FP32_PREFILL"] == "1" and env["TRITON_F32_DEFAULT"] == "ieee"
         assert argv[argv.index("--dtype") + 1] == "float32"
+        assert json.loads(argv[argv.index("--compilation-config") + 1])["cudagraph_mode"] == "FULL_DECODE_ONLY"
     lines = (tmp_path / "tree_tiny.txt").read_text().splitlines()
     assert lines[0].startswith("tree-tiny ") and "fake GPU" in lines[0] and "3 prompts x 48 new tokens" in lines[0]
+    assert lines[0].endswith("temperature 0, compile decode")
     assert lines[1:] == [f"{m} tree {t} mtp c{c}: {'2' if (m, t) == ('reconstruct', (2, 2)) else '3'}/3 equal to "
                          "treewy.decode.generate" for t in ((2, 2, 1), (2, 2)) for m in ("store_all", "reconstruct")
                          for c in (1, 2)]

@@ -130,7 +130,7 @@ def test_tree_tiny_at_temperature_1_compares_accepted_depths_with_generate(tmp_p
     assert sorted(r["seed"] for r in sent) == sorted(list(range(5, 13)) * 4)
     lines = (tmp_path / "tree_tiny.txt").read_text().splitlines()
     assert lines[0].endswith("8 prompts x 48 new tokens, fp32, temperature 1, request i seeded 5 + i, generate "
-                             "seeded 5")
+                             "seeded 5, compile decode")
     assert [line.split(": accepted depth")[0] for line in lines[1:]] == [
         f"{m} tree (2, 2, 1) mtp c{c} temperature 1" for m in ("store_all", "reconstruct") for c in (1, 4)]
     assert all("matches (|z| < 3 at every depth)" in line for line in lines[1:3]), lines
