@@ -6,6 +6,7 @@
 #
 #     bash benchmarks/sweep_pair.sh OUT GMU STOP_AFTER_S [more sweep arguments ...]
 #     RESUME_STORE_ALL=DIR RESUME_RECONSTRUCT=DIR bash benchmarks/sweep_pair.sh ...   # continue earlier runs
+#     MODES=reconstruct bash benchmarks/sweep_pair.sh ...   # one mode (on GPU 0): a one-GPU machine
 #
 # vLLM must be importable (PYTHONPATH with the staged site, see vllm_pieces.sh). Exit status: the larger of the
 # two sweeps'.
@@ -15,9 +16,10 @@ gmu=${2:?usage: sweep_pair.sh OUT GMU STOP_AFTER_S [sweep arguments ...]}
 stop=${3:?usage: sweep_pair.sh OUT GMU STOP_AFTER_S [sweep arguments ...]}
 shift 3
 mkdir -p "$out"
+modes=${MODES:-store_all reconstruct}
 gpu=0
 pids=()
-for mode in store_all reconstruct; do
+for mode in $modes; do
     resume_var=RESUME_$(echo "$mode" | tr '[:lower:]' '[:upper:]')
     resume=()
     if [ -n "${!resume_var:-}" ]; then resume=(--resume-from "${!resume_var}"); fi
@@ -35,7 +37,7 @@ for pid in "${pids[@]}"; do
     r=$?
     if [ "$r" -gt "$rc" ]; then rc=$r; fi
 done
-for mode in store_all reconstruct; do
+for mode in $modes; do
     tail -3 "$out/$mode/sweep_${mode}_gmu${gmu}.log"
     tar -czf "$out/$mode.tar.gz" -C "$out" "$mode" && rm -rf "${out:?}/$mode"
 done

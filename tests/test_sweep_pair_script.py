@@ -1,4 +1,4 @@
-"""benchmarks/sweep_pair.sh, both modes' sweeps at once on two GPUs, with python3 stubbed."""
+"""benchmarks/sweep_pair.sh, both modes' sweeps at once on two GPUs (or the modes MODES names), with python3 stubbed."""
 
 from __future__ import annotations
 
@@ -57,6 +57,14 @@ def test_resume_folders_go_to_their_own_mode_and_a_failure_sets_the_exit_status(
     by_mode = {c[c.index("--mode") + 1]: c for c in calls}
     assert by_mode["reconstruct"][by_mode["reconstruct"].index("--resume-from") + 1] == "build/resume_rc"
     assert "--resume-from" not in by_mode["store_all"]
+
+
+def test_modes_runs_one_mode_on_the_first_gpu(tmp_path):
+    r, calls = _run(tmp_path, "0.75", "420", env={"MODES": "reconstruct"})
+    assert r.returncode == 0, r.stderr
+    assert len(calls) == 1 and calls[0][0] == "gpu=0" and calls[0][calls[0].index("--mode") + 1] == "reconstruct"
+    assert calls[0][calls[0].index("--port") + 1] == "8021"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["reconstruct.tar.gz"]
 
 
 def test_missing_arguments_are_refused_with_the_usage(tmp_path):
