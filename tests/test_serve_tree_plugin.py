@@ -210,6 +210,32 @@ def test_installed_hooks_get_vllms_tensors_and_uninstall_restores_vllm(stand_in,
     assert tree_vllm.installed() == [] and tree_vllm.RUNTIME is None
 
 
+def test_vllms_memory_profile_samples_full_windows_and_a_cut_window_still_fails(stand_in):
+    """vLLM's start-up memory profile warms the rejection sampler with one draft per request
+    (``GPUModelRunner._dummy_sampler_run``; it stopped every tree server on the H200, 2026-12-02): under the tree
+    hooks that run samples full windows instead (one row of D + 1 tokens per request); outside it a request with a
+    cut window is still refused."""
+    import stand_in_vllm
+
+    from treewy.serve import tree_vllm
+    from treewy.serve import vllm_adapter as A
+    tree_vllm.install("reconstruct", environ={"TREEWY_TREE": "2,2,1"})   # N = 10, depth 3
+    runner = getattr(stand_in.runner, A.RUNNER)()
+    out = runner._dummy_sampler_run(torch.zeros(4, 8))
+    tokens = out.sampled_token_ids
+    assert tokens.shape == (4, 4) and (tokens[:, 0] >= 0).all() and not tree_vllm.RUNTIME.profiling
+    assert tree_vllm.RUNTIME.last_accepted.shape == (4,)
+    md = stand_in_vllm.SpecDecodeMetadata(torch.zeros(4, dtype=torch.int32), [1] * 4)
+    with pytest.raises(ValueError, match="full windows: 10 drafts per request or none, got 1"):
+        getattr(stand_in.sampler, A.REJECTION_SAMPLER)().forward(md, None, torch.randn(8, 16),
+                                                                stand_in.sampling_metadata(torch.full((4,), 0.5),
+                                                                                           False, {}))
+    assert stand_in.sampler_calls == []
+    tree_vllm.uninstall()
+    runner._dummy_sampler_run(torch.zeros(2, 8))   # vLLM's own sampler again: the stand-in's records its call
+    assert [m.num_draft_tokens for m in stand_in.sampler_calls] == [[1, 1]]
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("rates", [None, "0.8,0.5"], ids=["sampled", "synthetic"])
 def test_a_seeded_request_samples_the_same_in_any_batch(stand_in, rates, device):
@@ -278,7 +304,7 @@ def test_register_installs_the_tree_hooks(stand_in, monkeypatch, mode, drafter):
     stock_drafter = {proposer.propose, proposer._sample_draft_tokens}
     plugin.register()
     assert tree_vllm.RUNTIME.mode == mode and tree_vllm.RUNTIME.widths == (2, 2)
-    assert len(tree_vllm.installed()) == 9 and stock_spec in tree_vllm.installed()
+    assert len(tree_vllm.installed()) == 10 and stock_spec in tree_vllm.installed()
     assert stock_drafter <= set(tree_vllm.installed())
     assert not getattr(getattr(stand_in.gdn, A.SPEC_UPDATE), plugin._PATCHED, False)
     assert (A.GDN_LAYER in stand_in.registry) == (mode == "reconstruct")

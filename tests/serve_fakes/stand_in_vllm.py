@@ -257,6 +257,14 @@ class StandIn:
                 self.num_accepted_tokens.gpu[:n] = (output_token_ids != -1).sum(1)
                 self.input_batch.num_accepted_tokens_cpu_tensor[:n].copy_(self.num_accepted_tokens.gpu[:n])
 
+            def _dummy_sampler_run(self, hidden_states):
+                """vLLM's memory profile of the samplers: the rejection sampler on one draft per request (token 0),
+                random logits, temperature 0.5 (its own sampler's run first, left out here)."""
+                n = hidden_states.shape[0]
+                md = SpecDecodeMetadata(torch.zeros(n, dtype=torch.int32), [1] * n)
+                sm = stand_in.sampling_metadata(torch.full((n,), 0.5), False, {})
+                return getattr(stand_in.sampler, A.REJECTION_SAMPLER)().forward(md, None, torch.randn(2 * n, 16), sm)
+
         return GPUModelRunner
 
     def _flash_impl_class(self):

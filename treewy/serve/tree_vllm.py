@@ -21,7 +21,10 @@ vLLM's back. Installed, in the order of vLLM's step:
 8. the MTP drafter: ``SpecDecodeBaseProposer.propose`` runs vLLM's first pass with each window's accepted path
    first (``accepted_first``; its ``_sample_draft_tokens`` hands over the root entries' MTP outputs), then
    ``tree_mtp.mtp_tree_passes``, every pass the drafter's model forward with ``DraftPass`` metadata (its attention:
-   ``draft_pass_attention``, through the FlashAttention override) and no slot mapping, so no draft K/V is written.
+   ``draft_pass_attention``, through the FlashAttention override) and no slot mapping, so no draft K/V is written;
+9. the memory profile: while ``GPUModelRunner._dummy_sampler_run`` warms the rejection sampler (one draft per
+   request), the tree sampler samples that many full windows of random logits instead, so that the KV cache is sized
+   with a tree step's sampler memory in hand.
 
 The previous window's commit happens in the next forward, inside the graph: the GDN state's pending fold (as for
 chains; reconstruct's ``meta`` says whether anything is pending), and the conv state's. vLLM's conv pool holds
@@ -70,6 +73,7 @@ class _Runtime:
         self.last_windows: tuple | None = None           # (rows, TreeAcceptance): what the compaction moves
         self.drafter_windows: tuple | None = None        # the same, for the MTP drafter's first pass
         self.drafting = False                            # inside the MTP drafter's propose
+        self.profiling = False                           # inside vLLM's memory profile of the samplers
         self.first_pass: list | None = None              # the first pass's root outputs, while propose runs it
         self._passes: dict[torch.device, TreePasses] = {}
 
@@ -111,8 +115,9 @@ def install(mode: str, *, active_pools=lambda: None, environ=os.environ) -> None
     _replace(lambda c: c.__dict__[adapter.SAMPLER_FORWARD], lambda c, f: setattr(c, adapter.SAMPLER_FORWARD, f),
              sampler, _sampler_forward)
     runner = adapter.runner_class()
-    for cls, name, wrap in ((runner, adapter.PREPARE_INPUTS, _prepare_inputs), (runner, adapter.AFTER_SAMPLE,
-                                                                                 _after_sample),
+    for cls, name, wrap in ((runner, adapter.PREPARE_INPUTS, _prepare_inputs),
+                            (runner, adapter.AFTER_SAMPLE, _after_sample),
+                            (runner, adapter.DUMMY_SAMPLER_RUN, _profiled),
                             (adapter.flash_impl_class(), adapter.ATTN_FORWARD, _attention_forward),
                             (adapter.ngram_proposer_class(), adapter.NGRAM_PROPOSE, lambda stock: _ngram_propose),
                             (adapter.proposer_class(), adapter.PROPOSE, _mtp_propose),
@@ -237,10 +242,15 @@ def _sampler_forward(self, metadata, draft_probs, logits, sampling_metadata):
     on their T logits); requests with none (a prefill's last chunk) sample their one logit (greedy at temperature 0,
     else from the softmax at their temperature). A request with its own generator (vLLM's per-request ``seed``)
     draws everything random from it, alone; the others in one call from the global generator. Sampled tokens
-    [B, D + 1], -1 padded; no logprobs."""
+    [B, D + 1], -1 padded; no logprobs. In vLLM's memory profile (one draft per request) it samples B full windows of
+    random logits instead."""
     serving = RUNTIME.serving(logits.device)
     drafts, counts = adapter.spec_drafts(metadata)
     N, D = serving.num_drafts, serving.layout.max_depth
+    if RUNTIME.profiling:
+        counts = [N] * len(counts)
+        drafts = torch.zeros(len(counts) * N, dtype=torch.int32, device=logits.device)
+        logits = torch.randn(len(counts) * (N + 1), logits.shape[-1], dtype=logits.dtype, device=logits.device)
     bad = [c for c in counts if c not in (0, N)]
     if bad:
         raise ValueError(f"a served tree verifies full windows: {N} drafts per request or none, got {bad[0]} (vLLM "
@@ -282,6 +292,16 @@ def _sampler_forward(self, metadata, draft_probs, logits, sampling_metadata):
                 out[at[sel], 0] = torch.where(tp[sel] > 0, drawn, pl[sel].argmax(-1)).to(torch.int32)
     RUNTIME.last_accepted = accepted
     return adapter.sampler_output(out)
+
+
+def _profiled(stock):
+    def dummy_sampler_run(self, hidden_states):
+        RUNTIME.profiling = True
+        try:
+            return stock(self, hidden_states)
+        finally:
+            RUNTIME.profiling = False
+    return dummy_sampler_run
 
 
 def _prepare_inputs(stock):

@@ -253,6 +253,8 @@ RUNNER_MODULE, RUNNER = "vllm.v1.worker.gpu_model_runner", "GPUModelRunner"
 PREPARE_INPUTS, PREPARE_INPUTS_PARAMS = "_prepare_inputs", ("self", "scheduler_output", "num_scheduled_tokens")
 AFTER_SAMPLE, AFTER_SAMPLE_PARAMS = ("_update_states_after_model_execute",
                                      ("self", "output_token_ids", "scheduler_output"))
+#: The memory profile's sampler warm-up: vLLM's rejection sampler given one draft per request, random logits.
+DUMMY_SAMPLER_RUN, DUMMY_SAMPLER_RUN_PARAMS = "_dummy_sampler_run", ("self", "hidden_states")
 #: Runner attributes: the positions buffer (int64 [max_num_tokens]), M-RoPE's ([3, max_num_tokens] in a CpuGpuBuffer),
 #: the packed windows' starts and the accepted counts (CpuGpuBuffers), the input batch's CPU copy of those counts and
 #: the event the next step waits on before reading it, and whether async scheduling corrects the counts instead.
