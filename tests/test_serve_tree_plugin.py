@@ -213,8 +213,8 @@ def test_installed_hooks_get_vllms_tensors_and_uninstall_restores_vllm(stand_in,
 def test_vllms_memory_profile_samples_full_windows_and_a_cut_window_still_fails(stand_in):
     """vLLM's start-up memory profile warms the rejection sampler with one draft per request
     (``GPUModelRunner._dummy_sampler_run``; it stopped every tree server on the H200, 2026-12-02): under the tree
-    hooks that run samples full windows instead (one row of D + 1 tokens per request); outside it a request with a
-    cut window is still refused."""
+    hooks that run samples full windows instead (one row of D + 1 tokens per request) and leaves no acceptance for
+    the first real step; outside it a request with a cut window is still refused."""
     import stand_in_vllm
 
     from treewy.serve import tree_vllm
@@ -224,7 +224,10 @@ def test_vllms_memory_profile_samples_full_windows_and_a_cut_window_still_fails(
     out = runner._dummy_sampler_run(torch.zeros(4, 8))
     tokens = out.sampled_token_ids
     assert tokens.shape == (4, 4) and (tokens[:, 0] >= 0).all() and not tree_vllm.RUNTIME.profiling
-    assert tree_vllm.RUNTIME.last_accepted.shape == (4,)
+    # nothing left for the next step's bookkeeping and drafter (a prefill after it read the profile's windows)
+    assert tree_vllm.RUNTIME.last_accepted is None and tree_vllm.RUNTIME.last_windows is None
+    runner._update_states_after_model_execute(torch.zeros(4, 1, dtype=torch.int32), None)
+    assert tree_vllm.RUNTIME.drafter_windows is None and runner.num_accepted_tokens.gpu[:4].tolist() == [1] * 4
     md = stand_in_vllm.SpecDecodeMetadata(torch.zeros(4, dtype=torch.int32), [1] * 4)
     with pytest.raises(ValueError, match="full windows: 10 drafts per request or none, got 1"):
         getattr(stand_in.sampler, A.REJECTION_SAMPLER)().forward(md, None, torch.randn(8, 16),

@@ -489,6 +489,25 @@ def test_selection_is_a_function_of_host_facts():
     assert "B_BUCKET" in KEY and "B" not in KEY and "T" not in KEY
 
 
+def test_autotuning_inside_a_cuda_graph_capture_times_nothing(monkeypatch):
+    """Timing configs synchronizes, which a capture forbids (vLLM captured a tree's verify before any eager run and
+    stopped, H200 2026-12-02): while capturing, the pruning keeps the first config it would keep and the timer
+    launches nothing; outside a capture both are what they were."""
+    from treewy.ops.verify import tuning
+
+    keep_even = tuning.capture_safe_pruning(lambda configs, nargs, **kw: [c for c in configs if c % 2 == 0])
+    keep_all = tuning.capture_safe_pruning()["early_config_prune"]
+    prune = keep_even["early_config_prune"]
+    launched = []
+    monkeypatch.setattr(tuning.triton.testing, "do_bench", lambda fn, **kw: launched.append(kw) or [1.0, 0.5, 2.0])
+    assert prune([1, 2, 3, 4, 6], {}) == [2, 4, 6] and keep_all([5, 7], {}) == [5, 7]
+    assert tuning._quick_bench(lambda: None, quantiles=(0.5, 0.2, 0.8)) == [1.0, 0.5, 2.0] and len(launched) == 1
+    monkeypatch.setattr(tuning, "is_capturing", lambda: True)
+    assert prune([1, 2, 3, 4, 6], {}) == [2] and keep_all([5, 7], {}) == [5]
+    assert tuning._quick_bench(lambda: launched.append("ran"), quantiles=(0.5, 0.2, 0.8)) == [0.0, 0.0, 0.0]
+    assert tuning._quick_bench(lambda: launched.append("ran")) == 0.0 and len(launched) == 1
+
+
 #: Inside a CUDA-graph capture the kernels take parents only as an int32 tensor on the inputs' device: a copy of
 #: host data to the GPU cannot be captured (it syncs, and a replay would read a freed staging buffer). Host parents
 #: pass there only where the inputs live on the host: under the interpreter.
@@ -731,6 +750,35 @@ def test_captured_step_runs_the_eager_kernel_and_results(widths, B, monkeypatch)
         graph.replay()
         es = S.clone()
         eo, eu = tree_verify(*new, es, tree, pending=PendingCommit(u0, w0[1], w0[3], par, a))
+        torch.cuda.synchronize()
+        assert torch.equal(o, eo) and torch.equal(u, eu) and torch.equal(state, es)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [3, 17], ids=["path", "dense"])   # select_kernel's pick for (2, 2, 1) at B
+def test_a_shape_first_seen_inside_a_capture_is_captured_untimed(B):
+    """vLLM captures a tree's verify before running it eagerly (H200, 2026-12-02: the autotuner's timing stopped
+    the capture). A shape no call has tuned yet (3 and 6 heads, 48-wide keys and values) captured first: the
+    capture runs one config untimed and replays to what the eager call then computes."""
+    tree = DraftTree.from_widths((2, 2, 1))
+    T, H, HV, K, V = tree.num_nodes, 3, 6, 48, 48
+    gen = torch.Generator().manual_seed(4)
+    par = tree.parents.to("cuda", torch.int32)
+    S = (torch.randn(B, HV, V, K, generator=gen) * 0.3).cuda()
+    static = window(B, T, H, HV, K, V, gen, dtype=torch.bfloat16, device="cuda")
+    state = S.clone()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, u = tree_verify(*static, state, par, chain=False, max_depth=tree.max_depth)
+    for seed in (5, 6):
+        new = window(B, T, H, HV, K, V, torch.Generator().manual_seed(seed), dtype=torch.bfloat16, device="cuda")
+        for dst, src in zip(static, new):
+            dst.copy_(src)
+        state.copy_(S)
+        graph.replay()
+        es = S.clone()
+        eo, eu = tree_verify(*new, es, tree)
         torch.cuda.synchronize()
         assert torch.equal(o, eo) and torch.equal(u, eu) and torch.equal(state, es)
 

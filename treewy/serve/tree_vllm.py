@@ -296,11 +296,15 @@ def _sampler_forward(self, metadata, draft_probs, logits, sampling_metadata):
 
 def _profiled(stock):
     def dummy_sampler_run(self, hidden_states):
+        """vLLM's profile of the samplers, leaving no acceptance behind: the first real step after it must not
+        read the profile's windows as its own (on the H200 its MTP drafter did, 2026-12-02)."""
+        saved = RUNTIME.last_accepted, RUNTIME.last_windows
         RUNTIME.profiling = True
         try:
             return stock(self, hidden_states)
         finally:
             RUNTIME.profiling = False
+            RUNTIME.last_accepted, RUNTIME.last_windows = saved
     return dummy_sampler_run
 
 

@@ -39,7 +39,9 @@ from treewy.ops.verify.fold import (
     _pending_path,
     _request_bases,
 )
-from treewy.ops.verify.tuning import AUTOTUNE_EXTRA, KEY, batch_bucket, fit_v, pending_args
+from treewy.ops.verify.tuning import (
+    AUTOTUNE_EXTRA, KEY, batch_bucket, capture_safe_pruning, fit_v, pending_args,
+)
 
 
 def _configs():
@@ -80,7 +82,7 @@ def spec_step_config(batch: int):
 
 
 @triton.autotune(configs=_configs(), key=KEY, restore_value=["h0"],
-                 prune_configs_by=None if INTERPRET else {"early_config_prune": fit_v}, **AUTOTUNE_EXTRA)
+                 prune_configs_by=None if INTERPRET else capture_safe_pruning(fit_v), **AUTOTUNE_EXTRA)
 @triton.jit(do_not_specialize=["T", "PT", "stride_ppb", "stride_pu", "stride_pk", "stride_pg", "B_BUCKET"])
 def tree_verify_chain_kernel(
     q, k, v, g, beta, h0, num_nodes, o, u, pu, pk, pg, ppar, pacc, state_idx,

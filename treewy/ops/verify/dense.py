@@ -34,7 +34,9 @@ from treewy.ops.common import _ancestors, _dot_fp32, _exp_rn, _inv_norm, _tf32_h
 from treewy.ops.verify.select import DENSE_MAX_NODES
 from treewy.ops.verify.fold import (FOLD_PAD, FOLD_ROWS, _fold_row, _fold_slot, _fold_tile, _pending_key_scale,
                                          _pending_path, _request_bases)
-from treewy.ops.verify.tuning import AUTOTUNE_EXTRA, KEY, batch_bucket, fit_v, pending_args
+from treewy.ops.verify.tuning import (
+    AUTOTUNE_EXTRA, KEY, batch_bucket, capture_safe_pruning, fit_v, pending_args,
+)
 
 #: (BV, warps, stages, register cap) the kernel is tuned over, per precision and padded window BT. A cap below what
 #: the compiler would take fits more programs per SM at the price of spills; the autotuner weighs the two.
@@ -128,7 +130,7 @@ def _apply_inverse(b_Xh, b_Xl, b_R, DOT_PRECISION: tl.constexpr, SPLIT: tl.const
 
 @triton.autotune(configs=_configs(), key=KEY + ["DOT_PRECISION", "SPLIT", "INPUT_BF16", "STATE_BF16"],
                  restore_value=["h0"],
-                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune}, **AUTOTUNE_EXTRA)
+                 prune_configs_by=None if INTERPRET else capture_safe_pruning(_prune), **AUTOTUNE_EXTRA)
 @triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb", "stride_pu", "stride_pk", "stride_pg",
                                "B_BUCKET"])
 def tree_verify_dense_kernel(

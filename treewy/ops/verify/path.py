@@ -50,7 +50,9 @@ from treewy.ops.verify.fold import (FOLD_PAD, FOLD_ROWS, HOIST_FOLD_SLOTS, _fold
 from treewy.ops.verify.path_tables import (COLUMN_TABLES_MIN_BT, TABLE_CONFIGS, _col, _load_tables,
                                            _path_sums_from_tables, _tables, _walk, depth_block, path_tables_kernel,
                                            table_cols)
-from treewy.ops.verify.tuning import AUTOTUNE_EXTRA, KEY_DOTS, batch_bucket, fit_v, pending_args
+from treewy.ops.verify.tuning import (
+    AUTOTUNE_EXTRA, KEY_DOTS, batch_bucket, capture_safe_pruning, fit_v, pending_args,
+)
 
 #: (BV, BK, warps, stages, ROW_BK, PREFETCH) the kernel is tuned over, per precision and padded window BT: ROW_BK
 #: is the key chunk of the coefficient tables' dot products (wider: fewer round trips, more registers), PREFETCH
@@ -119,7 +121,7 @@ def _prune(configs, named_args, **kwargs):
 
 
 @triton.autotune(configs=_configs(), key=KEY_DOTS + ["BD", "HAS_TABLES"], restore_value=["h0"],
-                 prune_configs_by=None if INTERPRET else {"early_config_prune": _prune}, **AUTOTUNE_EXTRA)
+                 prune_configs_by=None if INTERPRET else capture_safe_pruning(_prune), **AUTOTUNE_EXTRA)
 @triton.jit(do_not_specialize=["T", "PT", "stride_pb", "stride_ppb", "stride_pu", "stride_pk", "stride_pg",
                                "B_BUCKET"])
 def tree_verify_path_kernel(

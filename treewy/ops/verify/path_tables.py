@@ -19,7 +19,7 @@ import triton.language as tl
 
 from treewy.ops._triton import INTERPRET
 from treewy.ops.common import _exp_rn, _inv_norm
-from treewy.ops.verify.tuning import AUTOTUNE_EXTRA
+from treewy.ops.verify.tuning import AUTOTUNE_EXTRA, capture_safe_pruning
 
 #: Padded windows from which the split launch's streaming kernel reads the tables column by column
 #: (``_path_sums_from_tables``: no column picked out of a tile by a reduction); narrower ones read [BT, BD] tiles,
@@ -205,7 +205,7 @@ def table_cols(bd: int) -> int:
 
 @triton.autotune(configs=[triton.Config({"ROW_BK": r}, num_warps=w) for r, w in TABLE_CONFIGS],
                  key=["B_BUCKET", "BT", "BD", "H", "HV", "K", "USE_QK_L2NORM_IN_KERNEL", "HAS_NUM_NODES"],
-                 **AUTOTUNE_EXTRA)
+                 prune_configs_by=None if INTERPRET else capture_safe_pruning(), **AUTOTUNE_EXTRA)
 @triton.jit(do_not_specialize=["T", "stride_pb", "B_BUCKET"])
 def path_tables_kernel(q, k, g, beta, parents, num_nodes, tab, stride_pb, scale, T, B_BUCKET, H: tl.constexpr,
                        HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, ROW_BK: tl.constexpr,

@@ -9,7 +9,7 @@ import os
 import torch
 import triton
 
-from treewy.ops._triton import INTERPRET
+from treewy.ops._triton import INTERPRET, is_capturing
 from treewy.ops.verify.pending import unpack
 
 #: Environment variable that forces the dot-product precision of the tensor-core kernels: "ieee" runs the
@@ -30,6 +30,8 @@ KEY_DOTS = KEY + ["DOT_PRECISION", "SPLIT", "K_TF32"]
 
 
 def _quick_bench(fn, quantiles=None):
+    if is_capturing():   # a Triton release that times even a lone config: no launch and no sync in a capture
+        return [0.0] * len(quantiles) if quantiles else 0.0
     return triton.testing.do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
 
 
@@ -37,6 +39,17 @@ _AUTOTUNE_PARAMS = inspect.signature(triton.autotune).parameters
 # quick timing per config; best configs cached on disk across processes where Triton can
 AUTOTUNE_EXTRA = {**({"do_bench": _quick_bench} if "do_bench" in _AUTOTUNE_PARAMS else {}),
                   **({"cache_results": True} if "cache_results" in _AUTOTUNE_PARAMS else {})}
+
+
+def capture_safe_pruning(prune=None) -> dict:
+    """``prune_configs_by`` for an autotuned kernel: ``prune`` (None: every config), and while a CUDA graph is being
+    captured only the first config it keeps. Timing configs synchronizes, which a capture forbids: a shape first seen
+    inside one (vLLM captures its spec-decode graphs without running the spec path eagerly first) runs that config,
+    untimed, from then on in this process; shapes tuned before the capture keep their tuned config."""
+    def early_config_prune(configs, named_args, **kwargs):
+        kept = prune(configs, named_args, **kwargs) if prune else configs
+        return kept[:1] if is_capturing() else kept
+    return {"early_config_prune": early_config_prune}
 
 
 def batch_bucket(B: int) -> int:
