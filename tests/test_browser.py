@@ -151,8 +151,11 @@ def svg_texts(page) -> list[str]:
 
 def assert_charts_fit(page, name: str) -> None:
     """Every chart (a vega SVG) is at most as wide as the output area holding it."""
-    sizes = page.locator(".jp-OutputArea-output svg.marks").evaluate_all(
-        "els => els.map(e => [e.getBoundingClientRect().width, e.closest('.jp-OutputArea-output').clientWidth])")
+    # one synchronous evaluate: a locator's evaluate_all queries and evaluates in two round trips, and a chart
+    # redrawn between them is detached (CI saw closest() return null so)
+    sizes = page.evaluate(
+        "() => [...document.querySelectorAll('.jp-OutputArea-output svg.marks')].map(e => "
+        "[e.getBoundingClientRect().width, e.closest('.jp-OutputArea-output').clientWidth])")
     assert sizes, f"{name}: no chart rendered"
     too_wide = [s for s in sizes if s[0] > s[1] + 0.5]
     assert not too_wide, f"{name}: charts wider than their output area (chart px, area px): {too_wide}"
