@@ -12,7 +12,8 @@ or the --out folders themselves. For each checkpoint ``<table>.points.jsonl`` fo
 - DEST/<table>.parquet keeps its committed rows and gains the checkpoint's new points (a committed row may carry
   columns an older checkpoint record lacks, such as median_tpot_ms).
 Then the package's table (``--package``, in treewy/data/) gains the same new rows and is published
-(``treewy.results.publish``). Prints what it added.
+(``treewy.results.publish``); without ``--package`` only DEST changes (a sweep still missing points). Prints what it
+added.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("src", help="the call's files: <mode>.tar.gz from sweep_pair.sh, or --out folders")
     ap.add_argument("dest", help="the committed results folder of this gmu and date")
-    ap.add_argument("--package", required=True, help="the package's table of this sweep (a name in treewy/data/)")
+    ap.add_argument("--package", default=None, help="the package's table of this sweep (a name in treewy/data/); "
+                    "leave it out while a mode's points are missing (the notebooks read the newest package)")
     ap.add_argument("--data-dir", default=None, help=argparse.SUPPRESS)    # tests: another treewy/data
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as work:
@@ -112,6 +114,10 @@ def main(argv=None) -> int:
             raise SystemExit(f"{args.src}: no sweep output there (<mode>.tar.gz or folders with *.points.jsonl)")
         added = [rows for folder in folders for rows in merge_folder(folder, Path(args.dest))]
     new = pl.concat(added, how="diagonal_relaxed") if added else None
+    if args.package is None:
+        print(new.select("workload", "mode", "concurrency", "output_throughput", "mean_tpot_ms", "error"))
+        print(f"{new.height} new point(s) in {args.dest}; the package's table left as it is (no --package)")
+        return 0
     package = Path(args.data_dir or DATA_DIR) / args.package
     committed = pl.read_parquet(package) if package.is_file() else None
     rows = new_rows(new, committed)

@@ -79,3 +79,12 @@ def test_a_call_that_did_not_resume_the_committed_points_is_refused(call):
 def test_a_folder_without_sweep_output_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="no sweep output there"):
         merge_sweep.main([str(tmp_path), str(tmp_path / "dest"), "--package", "p.parquet"])
+
+
+def test_without_a_package_only_the_results_folder_changes(call, capsys):
+    src, dest, data, _ = call
+    before = (data / "pkg.parquet").read_bytes(), (data / INDEX_NAME).read_bytes()
+    assert merge_sweep.main([str(src), str(dest), "--data-dir", str(data)]) == 0
+    assert "package's table left as it is" in capsys.readouterr().out
+    assert pl.read_parquet(dest / "serve35b_store_all.parquet").height == 3
+    assert ((data / "pkg.parquet").read_bytes(), (data / INDEX_NAME).read_bytes()) == before
