@@ -24,6 +24,11 @@ per layer kind (``layer_kind``: GDN spec / conv / gating and norms, attention, M
 speculation, copies, other). Writes engine_<mode>_<device>_<date>.json (the raw traces stay in a temporary folder:
 they do not fit what comes back). ``table`` puts both modes side by side: engine_<device>_<date>.txt.
 
+``engine --timed-steps N``: after the profiled steps, N more decode steps of the same batch timed on the host without
+the profiler (its own host work inflates the steps it records): the step's cadence, median and 10th / 90th
+percentiles per mode in the table. With ``--compile decode`` that is the sweep server's decode step without the HTTP
+front end.
+
 ``engine --mixed``: before each profiled step one new request of ``--prompt-len`` tokens arrives, so every step
 carries a prefill chunk beside the B decodes, as the serving sweep's steps do when a request replaces a finished one.
 With ``--compile decode`` (the sweep's server: no torch.compile, CUDA graphs for decode-only steps) those steps run
@@ -324,23 +329,24 @@ def cmd_engine(args) -> int:
             if args.mixed:
                 ids.append(f"B{B}-arrival{i}")
                 add(ids[-1], arrival)
-            t0 = time.perf_counter()
-            engine.step()
-            times.append((time.perf_counter() - t0) * 1e3)
+            times.append(timed_step(engine))
         llm.stop_profile()
+        # the profiler's own host cost inflates the steps it records: the cadence is timed apart, unprofiled
+        plain = [timed_step(engine) for _ in range(args.timed_steps)]
         engine.abort_request(ids)
         while engine.has_unfinished_requests():
             engine.step()
         new = wait_for_traces(work / "traces", before)
         events = [ev for p in new for ev in trace_kernels(p)]
         results[B] = dict(step_ms_median=statistics.median(times), step_ms=times, traces=[p.name for p in new],
-                          **kernel_table(events, args.steps))
+                          **kernel_table(events, args.steps), **step_spread(plain))
         print(f"{args.mode}{' mixed' if args.mixed else ''} B={B}: step {statistics.median(times):.2f} ms (host); "
               + ", ".join(f"{k} {v:.0f} us" for k, v in list(results[B]["kinds"].items())[:6]), flush=True)
     dev = device_name(False)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(mode=args.mode, device=dev, date=stamp(), torch=torch.__version__, steps=args.steps,
+                timed_steps=args.timed_steps,
                 prompt_len=args.prompt_len, acceptance_rates=args.acceptance_rates, gmu=args.gmu,
                 cudagraph_max_size=max(args.batches) * T, compile=args.compile, mixed=args.mixed,
                 how="torch profiler in vLLM's engine core; kernel device time summed over the steps / steps")
@@ -348,6 +354,22 @@ def cmd_engine(args) -> int:
     path.write_text(json.dumps(dict(meta=meta, batches=results), indent=1))
     print(f"wrote {path}")
     return 0
+
+
+def timed_step(engine) -> float:
+    """One engine step's wall time on the host, ms."""
+    t0 = time.perf_counter()
+    engine.step()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def step_spread(times: list[float]) -> dict:
+    """The unprofiled steps' median and 10th / 90th percentiles (ms); {} when none were timed."""
+    if not times:
+        return {}
+    q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else [times[0]] * 9
+    return dict(plain_step_ms=times, plain_step_ms_median=statistics.median(times), plain_step_ms_p10=q[0],
+                plain_step_ms_p90=q[-1])
 
 
 def wait_for_traces(folder: Path, before: set, timeout: float = 120.0) -> list[Path]:
@@ -377,6 +399,11 @@ def engine_text(reports: list[dict]) -> str:
         if not all(rows.values()):
             continue
         lines.append(f"B = {B}: host step (ms) " + ", ".join(f"{m} {rows[m]['step_ms_median']:.2f}" for m in modes))
+        if all("plain_step_ms_median" in rows[m] for m in modes):
+            n = min(len(rows[m]["plain_step_ms"]) for m in modes)
+            lines.append(f"  unprofiled, {n} steps: median [p10, p90] ms " + ", ".join(
+                f"{m} {rows[m]['plain_step_ms_median']:.2f} [{rows[m]['plain_step_ms_p10']:.2f}, "
+                f"{rows[m]['plain_step_ms_p90']:.2f}]" for m in modes))
         kinds = sorted({k for m in modes for k in rows[m]["kinds"]}, key=lambda k: -max(rows[m]["kinds"].get(k, 0)
                                                                                         for m in modes))
         lines.append(f"  {'layer kind (us per step)':34s}" + "".join(f"{m:>14s}" for m in modes))
@@ -416,6 +443,8 @@ def main(argv=None) -> int:
     e.add_argument("--mode", choices=("store_all", "reconstruct"), required=True)
     e.add_argument("--batches", default=",".join(map(str, BATCHES)))
     e.add_argument("--steps", type=int, default=8, help="decode steps profiled per batch")
+    e.add_argument("--timed-steps", type=int, default=0,
+                   help="decode steps timed on the host after the profiled ones, without the profiler")
     e.add_argument("--prompt-len", type=int, default=128)
     e.add_argument("--max-model-len", type=int, default=2048)
     e.add_argument("--gmu", type=float, default=0.9)
@@ -439,6 +468,8 @@ def main(argv=None) -> int:
             p.error(f"--batches {args.batches!r}: expected comma-separated integers, e.g. 1,16,256")
         if min(args.batches) < 1 or args.steps < 1 or args.prompt_len < 1:
             p.error("--batches, --steps and --prompt-len must be positive")
+        if args.timed_steps < 0:
+            p.error(f"--timed-steps {args.timed_steps}: expected 0 (none) or more")
     if (args.cmd == "engine" or (args.cmd == "gdn" and not args.smoke)) and not torch.cuda.is_available():
         p.error(f"{args.cmd} needs a CUDA GPU (gdn --smoke runs on the CPU)")
     return {"gdn": cmd_gdn, "engine": cmd_engine, "table": cmd_table}[args.cmd](args)

@@ -314,3 +314,39 @@ def test_engine_profile_of_mixed_steps_is_its_own_kind_of_table(tmp_path):
     assert text.startswith("Steps with one new request's prefill chunk beside the decodes") and "compile decode" in text
     with pytest.raises(SystemExit, match="2 kinds of step"):
         prof.main(["table", *map(str, paths), "--out", str(tmp_path / "out")])
+
+
+def test_engine_profile_times_unprofiled_steps_apart(tmp_path, capsys):
+    """``engine --timed-steps N`` times N decode steps without the profiler: their median and 10th / 90th
+    percentiles per mode go into the table beside the profiled steps' host time; a negative count is refused."""
+    import json
+
+    from benchmarks import profile_serving_step as prof
+
+    class Engine:
+        def __init__(self):
+            self.calls = 0
+
+        def step(self):
+            self.calls += 1
+            return []
+
+    engine = Engine()
+    assert prof.timed_step(engine) >= 0 and engine.calls == 1
+    assert prof.step_spread([]) == {}
+    spread = prof.step_spread([float(x) for x in range(1, 12)])
+    assert (spread["plain_step_ms_median"], spread["plain_step_ms_p10"], spread["plain_step_ms_p90"]) == (6.0, 2.0, 10.0)
+    t = prof.kernel_table([("fused_moe_kernel", 20.0)], steps=1)
+    meta = dict(acceptance_rates="0.8", device="h200", date="d", how="h", compile="decode")
+    paths = []
+    for mode, shift in (("store_all", 0.0), ("reconstruct", 1.0)):
+        paths.append(tmp_path / f"{mode}.json")
+        times = [x + shift for x in range(1, 12)]
+        paths[-1].write_text(json.dumps(dict(meta=dict(meta, mode=mode), batches={
+            "1": dict(step_ms_median=30.0, **t, **prof.step_spread(times))})))
+    assert prof.main(["table", *map(str, paths), "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "engine_h200_d.txt").read_text()
+    assert "unprofiled, 11 steps: median [p10, p90] ms store_all 6.00 [2.00, 10.00], reconstruct 7.00 [3.00, 11.00]" in text
+    with pytest.raises(SystemExit):
+        prof.main(["engine", "--mode", "store_all", "--timed-steps", "-1", "--out", str(tmp_path)])
+    assert "--timed-steps -1: expected 0 (none) or more" in capsys.readouterr().err
