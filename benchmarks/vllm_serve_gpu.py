@@ -450,7 +450,8 @@ def cmd_sweep(args) -> int:
     tree = {} if args.tree is None else {"tree": parse_tree(args.tree), "drafter": args.drafter}
     if tree:
         tree["num_speculative_tokens"] = DraftTree.from_widths(tree["tree"]).num_drafts
-    out, server = dummy_35b_server(args, cudagraph_max_size=args.graph_max_tokens, **tree)
+    # --cudagraph-metrics: the steps run per graph mode (a decode step run eagerly shows as a NONE row of 1 + k tokens)
+    out, server = dummy_35b_server(args, extra=["--cudagraph-metrics"], cudagraph_max_size=args.graph_max_tokens, **tree)
     name = (f"serve35b_{args.mode}{'' if args.tp == 1 else f'_tp{args.tp}'}"
             + ("" if not tree else "_tree" + "-".join(map(str, tree["tree"]))))
     cfg = SweepConfig(server=server, model_name="qwen3.5-35b-a3b", workloads=args.workloads.split(","),
@@ -462,9 +463,10 @@ def cmd_sweep(args) -> int:
         resume_into(Path(args.resume_from), cfg)
     _, bad = run_sweep(cfg, out)
     server_log = cfg.result_dir / f"server-{args.mode}.log"
-    report = capacity_report(server_log.read_text(errors="replace") if server_log.is_file() else "",
-                             model="qwen3.5-35b-a3b", tp=args.tp, gmu=args.gmu, mode=args.mode,
+    text = server_log.read_text(errors="replace") if server_log.is_file() else ""
+    report = capacity_report(text, model="qwen3.5-35b-a3b", tp=args.tp, gmu=args.gmu, mode=args.mode,
                              max_model_len=args.max_model_len, max_num_seqs=256, workloads=cfg.workloads)
+    report["graphs"] = graph_report(text)
     (out / f"capacity_{args.mode}_tp{args.tp}.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report))
     if args.pack:

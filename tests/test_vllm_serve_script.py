@@ -311,7 +311,8 @@ def test_tree_tiny_serves_every_tree_and_mode_and_reports_equal_lines(tmp_path, 
 
 def test_sweep_resumes_from_a_carried_folder_and_packs_its_results(tmp_path, monkeypatch, bench_script):
     """``sweep --resume-from DIR`` copies an earlier run's table and checkpoint into --out (so its points are not
-    run again), ``--stop-after`` reaches the sweep, and ``--pack`` leaves one results.tar.gz instead of the folder."""
+    run again), ``--stop-after`` reaches the sweep, and ``--pack`` leaves one results.tar.gz instead of the folder;
+    the server logs its steps per CUDA graph mode, summed into the capacity report."""
     import tarfile
 
     import treewy.serve.export as export
@@ -326,8 +327,9 @@ def test_sweep_resumes_from_a_carried_folder_and_packs_its_results(tmp_path, mon
 
     def fake_run(cfg, out):
         seen.append((cfg.checkpoint.read_text(), cfg.out.read_bytes(), cfg.stop_after_s))
+        assert "--cudagraph-metrics" in build_command(cfg.server)[0]   # the steps run per graph mode, logged
         cfg.result_dir.mkdir(parents=True)
-        (cfg.result_dir / "server-store_all.log").write_text("log\n")
+        (cfg.result_dir / "server-store_all.log").write_text(GRAPH_LOG)
         return 1, 0
 
     monkeypatch.setattr(mod, "run_sweep", fake_run)
@@ -336,6 +338,8 @@ def test_sweep_resumes_from_a_carried_folder_and_packs_its_results(tmp_path, mon
             "--pack"]
     assert mod.main(argv) == 0
     assert seen == [('{"key": "k", "point": "p", "row": {}}\n', b"table", 480.0)]
+    graphs = json.loads((out / "capacity_store_all_tp1.json").read_text())["graphs"]
+    assert graphs["steps_by_mode"]["NONE"]["steps"] == 2 and graphs["largest_capture_size"] == 1024
     assert not (out / "results").exists()
     with tarfile.open(out / "results.tar.gz") as t:
         assert "./server-store_all.log" in t.getnames()
