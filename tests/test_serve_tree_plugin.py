@@ -118,26 +118,32 @@ def stand_in(monkeypatch):
     tree_vllm.uninstall()
 
 
-INSTALLED_CASES = [pytest.param(w, d, m, id=f"{''.join(map(str, w))}-{d}-{m}") for w, d in
+#: the softmax layers' backends a tree is served on: FlashAttention's (bf16) and Triton's (vLLM's pick for fp32)
+BACKENDS = ["FLASH_ATTN", "TRITON_ATTN"]
+INSTALLED_CASES = [pytest.param(w, d, m, b, id=f"{''.join(map(str, w))}-{d}-{m}-{b}") for w, d in
                    (((2, 2, 1), "mtp"), ((2, 2, 2), "mtp"), ((3, 3, 3), "mtp"), ((2, 2, 1), "ngram"))
-                   for m in ("reconstruct", "store_all")]
+                   for m in ("reconstruct", "store_all") for b in BACKENDS]
 
 
-@pytest.mark.parametrize("widths,drafter,mode", INSTALLED_CASES)
+@pytest.mark.parametrize("widths,drafter,mode,backend", INSTALLED_CASES)
 def test_hooks_installed_into_vllms_names_emit_what_generate_emits(tiny, stand_in, monkeypatch, widths, drafter,
-                                                                     mode):
+                                                                     mode, backend):
     """The engine calls vLLM's runner, GDN-module, attention, sampler, n-gram and MTP-proposer names as vLLM 0.26
     does; tree_vllm's installed hooks turn those calls into the tree's (positions by depth, tree conv with its fold,
     the tree's GDN step, tree attention, the tree sampler, the accepted node carried in vLLM's num_accepted_tokens,
     the KV compaction after the sampler, the n-gram tree, the MTP tree passes inside propose): tokens and accepted
-    nodes equal generate's. No hook is called directly, and MTPDrafter is not on this path."""
+    nodes equal generate's, on either attention backend (Triton's: every fp32 server, the H200's tree-tiny runs;
+    its forward reads metadata a tree pass does not carry, and there the first MTP tree pass stopped the server,
+    2026-12-04), with every step's model forward inside a CUDA-graph capture's rules (``StandIn.capturing``: the
+    reconstruct spec route copied a host number into the device there and stopped vLLM's capture, 2026-12-04).
+    No hook is called directly, and MTPDrafter is not on this path."""
     import fake_tree_engine
 
     from treewy.decode import generate
     from treewy.serve import tree_vllm
     model, prompts = tiny
     monkeypatch.setattr(fake_tree_engine, "MTPDrafter", None)   # the stand-in's drafts come from vLLM's proposer
-    engine = FakeTreeEngine(model, widths, mode, drafter, vllm=stand_in)
+    engine = FakeTreeEngine(model, widths, mode, drafter, vllm=stand_in, attn_backend=backend)
     tree_vllm.install(mode, active_pools=lambda: engine.active_pools,
                       environ={"TREEWY_TREE": ",".join(map(str, widths))})
     out, steps = engine.generate(prompts, NEW_TOKENS)
@@ -152,6 +158,7 @@ def test_hooks_installed_into_vllms_names_emit_what_generate_emits(tiny, stand_i
     assert stand_in.ngram_calls == [] and stand_in.runner_calls[:2] == ["prepare", "after"]
     proposals = len({s[0] for s in steps}) + 1 if drafter == "mtp" else 0
     assert stand_in.propose_calls == [1] * proposals and len(stand_in.attn_calls) == proposals
+    assert stand_in.captures == len({s[0] for s in steps})   # every step's forward, as vLLM's graph replays it
 
 
 def test_installed_hooks_get_vllms_tensors_and_uninstall_restores_vllm(stand_in, monkeypatch):
@@ -297,6 +304,8 @@ def test_register_installs_the_tree_hooks(stand_in, monkeypatch, mode, drafter):
     """An MTP or n-gram tree is served: register() installs tree_vllm's hooks (both drafters' among them) in either
     mode and, in reconstruct, leaves vLLM's spec kernel to tree_vllm's route (not the chain wrap), which reads the
     running TreeWY layer's pools."""
+    import stand_in_vllm
+
     from treewy.serve import plugin, tree_vllm
     from treewy.serve import vllm_adapter as A
     monkeypatch.setenv("TREEWY_TREE", "2,2")
@@ -305,9 +314,13 @@ def test_register_installs_the_tree_hooks(stand_in, monkeypatch, mode, drafter):
     stock_spec = getattr(stand_in.gdn, A.SPEC_UPDATE)
     proposer = getattr(stand_in.proposer, A.PROPOSER)
     stock_drafter = {proposer.propose, proposer._sample_draft_tokens}
+    stock_attention = {stand_in.impl_class(b).forward for b in BACKENDS}
     plugin.register()
     assert tree_vllm.RUNTIME.mode == mode and tree_vllm.RUNTIME.widths == (2, 2)
-    assert len(tree_vllm.installed()) == 10 and stock_spec in tree_vllm.installed()
+    assert len(tree_vllm.installed()) == 11 and stock_spec in tree_vllm.installed()
+    assert stock_attention <= set(tree_vllm.installed())   # both backends' forwards
+    assert {(m, i, name) for m, i, _, _, name in A.TREE_ATTN_BACKENDS} == {
+        (m, i, name) for name, (m, i, *_) in stand_in_vllm.BACKENDS.items()}
     assert stock_drafter <= set(tree_vllm.installed())
     assert not getattr(getattr(stand_in.gdn, A.SPEC_UPDATE), plugin._PATCHED, False)
     assert (A.GDN_LAYER in stand_in.registry) == (mode == "reconstruct")
@@ -325,32 +338,35 @@ def test_register_installs_the_tree_hooks(stand_in, monkeypatch, mode, drafter):
     assert seen["pools"] is (pools if mode == "reconstruct" else None)
 
 
-def test_attention_compaction_and_ngram_hooks_get_vllms_tensors(stand_in):
-    """FlashAttentionImpl.forward on a batch of full windows is the tree attention on FlashAttention's packed cache
-    (a mixed step: vLLM's attention for the other rows), the after-sample step moves the accepted path's K/V in
-    every FlashAttention layer with its group's block table, NgramProposer.propose drafts N tokens per request in
-    DFS order; uninstall puts vLLM's three functions back."""
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_compaction_and_ngram_hooks_get_vllms_tensors(stand_in, backend):
+    """The attention impl's forward (FlashAttention's or Triton's) on a batch of full windows is the tree attention
+    on the backend's packed cache (a mixed step: vLLM's attention for the other rows), the after-sample step moves
+    the accepted path's K/V in every layer of the backend with its group's block table, NgramProposer.propose drafts
+    N tokens per request in DFS order; uninstall puts vLLM's functions back."""
     import stand_in_vllm
 
     from treewy.ops.attention.naive import naive_compact_accepted_kv, naive_tree_attention
     from treewy.serve import tree_vllm
     from treewy.serve import vllm_adapter as A
-    impl_cls, ngram_cls = getattr(stand_in.flash, A.FLASH_IMPL), getattr(stand_in.ngram, A.NGRAM_PROPOSER)
+    impl_cls, ngram_cls = stand_in.impl_class(backend), getattr(stand_in.ngram, A.NGRAM_PROPOSER)
     runner_cls = getattr(stand_in.runner, A.RUNNER)
-    stock = (impl_cls.forward, ngram_cls.propose)
+    stock = (stand_in.impl_class("FLASH_ATTN").forward, stand_in.impl_class("TRITON_ATTN").forward,
+             ngram_cls.propose)
     tree_vllm.install("reconstruct", environ={"TREEWY_TREE": "2,1"})      # T = 5, depth 2, N = 4
     layout, T, bs, Hq, Hkv, D = hooks.TreeLayout((2, 1)), 5, 16, 4, 2, 8
     gen = torch.Generator().manual_seed(0)
     kv = torch.randn(7, Hkv, bs, 2 * D, generator=gen)
     table = torch.tensor([[3, 5, 0], [6, 1, 2], [4, 0, 0]], dtype=torch.int32)
-    runner = runner_cls(max_tokens=3 * T, max_reqs=3, kv_caches={"attn": (kv, D)}, block_table=table)
+    runner = runner_cls(max_tokens=3 * T, max_reqs=3, kv_caches={"attn": (kv, D)}, block_table=table,
+                        backend=backend)
     # requests 0 and 2: full windows at num_computed 14 and 3; request 1: one token without drafts
     sched = stand_in.scheduled(torch.tensor([14, 20, 3]), [[5, 6, -1, 8], [], [1, 2, 3, 4]], [7, 9, 11])
     _, md = runner._prepare_inputs(sched, [T, 1, T])
     assert runner.input_ids.gpu[:2 * T + 1].tolist() == [7, 5, 6, 0, 8, 9, 11, 1, 2, 3, 4]   # -1 embedded as 0
     seq_lens = torch.tensor([14 + T, 21, 3 + T], dtype=torch.int32)
     qsl = torch.tensor([0, T, T + 1, 2 * T + 1], dtype=torch.int32)
-    fa = stand_in.flash_metadata(2 * T + 1, T, qsl, seq_lens, table)
+    fa = stand_in.attention_metadata(backend, 2 * T + 1, T, qsl, seq_lens, table)
     q = torch.randn(2 * T + 1, Hq, D, generator=gen)
     impl = impl_cls(Hq, D, 0.3, Hkv)
     out = impl.forward(None, q, None, None, kv, fa, torch.zeros_like(q))
@@ -388,7 +404,8 @@ def test_attention_compaction_and_ngram_hooks_get_vllms_tensors(stand_in):
     assert len(drafts[0]) == 4 and stand_in.ngram_calls == []
 
     tree_vllm.uninstall()
-    assert (impl_cls.forward, ngram_cls.propose) == stock
+    assert (stand_in.impl_class("FLASH_ATTN").forward, stand_in.impl_class("TRITON_ATTN").forward,
+            ngram_cls.propose) == stock
 
 
 @pytest.mark.parametrize("widths", [(2, 2, 1), (2, 2, 2), (3, 3, 3)])
@@ -434,13 +451,17 @@ def test_mtp_tree_passes_draft_what_mtp_drafter_drafts(tiny, widths):
         roots = [e[-1] for e in emitted]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("widths", [(2, 2, 1), (2, 2, 2), (3, 3, 3)])
 @torch.no_grad()   # vLLM's runner drafts in inference mode
-def test_installed_mtp_proposer_drafts_what_mtp_drafter_drafts(tiny, stand_in, widths):
+def test_installed_mtp_proposer_drafts_what_mtp_drafter_drafts(tiny, stand_in, widths, backend):
     """SpecDecodeBaseProposer.propose as tree_vllm installs it, called as vLLM's runner calls it (after the prefill:
     the prompts' rows; after a step: the window's rows of vLLM's padded drafter batch, acceptance through the
     installed sampler and after-sample step), on the stand-in MTP model (the tiny checkpoint's MTP head, its own
-    paged cache): the drafts equal MTPDrafter's at the first step and after an accepted path off the DFS-first chain."""
+    paged cache, its attention layer on FlashAttention or on Triton, as an fp32 server has it: there the tree pass's
+    metadata met Triton's own forward, ``AttributeError: 'DraftPass' object has no attribute 'use_cascade'``, on the
+    H200, 2026-12-04): the drafts equal MTPDrafter's at the first step and after an accepted path off the DFS-first
+    chain."""
     from treewy.drafters import MTPDrafter
     from treewy.models.cache import HybridCache
     from treewy.models.hybrid import prefill
@@ -461,8 +482,7 @@ def test_installed_mtp_proposer_drafts_what_mtp_drafter_drafts(tiny, stand_in, w
     gen = torch.Generator().manual_seed(0)
     table = (torch.randperm(B * 6, generator=gen) + 1).reshape(B, 6).to(torch.int32)   # 96 slots per request
     name = "mtp.layers.0.self_attn.attn"
-    impl = getattr(stand_in.flash, A.FLASH_IMPL)(spec.Hq, spec.D, spec.layers[spec.attn_layers[0]].self_attn.scaling,
-                                                 spec.Hkv)
+    impl = stand_in.impl_class(backend)(spec.Hq, spec.D, spec.layers[spec.attn_layers[0]].self_attn.scaling, spec.Hkv)
     kv = stand_in.flash_kv_cache(B * 6 + 1, bs, spec.Hkv, spec.D, torch.float32)
     proposer = getattr(stand_in.proposer, A.PROPOSER)(stand_in.mtp_model(model, name, impl, kv), [name], T - 1)
 
@@ -521,3 +541,142 @@ def test_mtp_tree_passes_name_bad_input():
         mtp_tree_passes(None, None, torch.zeros(2, 3, 4), torch.zeros(2, dtype=torch.long), torch.zeros(2), passes)
     with pytest.raises(ValueError, match=r"root_pos must be an integer tensor \[B\] = \[2\]"):
         mtp_tree_passes(None, None, torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), torch.zeros(2), passes)
+
+
+def test_the_capture_guard_refuses_host_copies_and_device_reads():
+    """The stand-in's CUDA-graph capture (``capture_guard.no_host_copies``, what ``StandIn.capturing`` runs a step
+    in): in a watched file, host data made into a tensor, a Python number assigned through an index tensor (torch
+    copies it from a host tensor: "Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU
+    tensor is pinned", the H200's reconstruct servers, 2026-12-04) and every device read on the host fail; a number
+    that stays a kernel argument, device-side indexing and factories pass; code outside the watched files (the CPU
+    references of the CUDA kernels) runs as it is."""
+    import numpy as np
+    from capture_guard import HostCopyInCapture, no_host_copies
+    meta, slots = torch.zeros(8, 2, dtype=torch.int32), torch.tensor([3, -1, 5])
+    refused = {
+        "index_put_": lambda: meta.__setitem__((slots.clamp(min=0), 0), 7),
+        "made into a tensor": lambda: torch.tensor([1, 2]),
+        "made into a tensor ": lambda: torch.as_tensor(np.array([1, 2])),
+        "_local_scalar_dense": lambda: slots.sum().item(),
+        "_local_scalar_dense ": lambda: bool(slots[0] > 0),
+        "tolist": lambda: slots.tolist(),
+        "cpu": lambda: slots.cpu(),
+        "index with a boolean mask": lambda: slots[slots > 0],
+        "index_put_ with a boolean mask": lambda: meta.__setitem__(meta > 0, 1),
+        "nonzero": lambda: slots.nonzero(),
+        "repeat_interleave": lambda: torch.arange(3).repeat_interleave(slots.clamp(min=0)),
+    }
+    for what, call in refused.items():
+        with pytest.raises(HostCopyInCapture, match=rf"test_serve_tree_plugin.py:\d+: .*{what.strip()}"):
+            with no_host_copies(watch=(__file__,)):
+                call()
+    with no_host_copies(watch=(__file__,)):
+        meta[:, 0] = 7                                           # fill_: the number is a kernel argument
+        meta[:, 1].index_fill_(0, slots.clamp(min=0), 5)
+        meta[slots.clamp(min=0), 0] = slots.to(torch.int32)      # a device tensor through an index tensor
+        torch.where(slots > 0, slots, -1), slots.masked_fill(slots < 0, 0), slots * 3 + 1, slots.any()
+        torch.arange(3).repeat_interleave(slots.clamp(min=0), output_size=8), torch.full((3,), 5)
+    with no_host_copies(watch=("/nowhere/",)):
+        slots.tolist(), slots.sum().item(), torch.tensor([1, 2])
+    assert meta.T.tolist() == [[-1, 7, 7, 3, 7, 5, 7, 7], [5, 0, 0, 5, 0, 5, 0, 0]]   # nothing refused ran
+    assert "tolist" not in vars(torch.Tensor)                                          # the methods put back
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["reconstruct", "store_all"])
+def test_vllms_start_up_capture_of_a_tree_step_copies_nothing_from_the_host(stand_in, mode, backend):
+    """vLLM captures the step of every batch size at start-up (``GPUModelRunner._dummy_run`` under its CUDA-graph
+    wrapper, FULL_DECODE_ONLY: a uniform batch of T-token windows, seq_lens 1, no step of the runner's yet), after
+    its memory profile: every tree hook of that step (the GDN conv and spec rows, the softmax layers' attention on
+    either backend) runs inside the capture, where torch refuses a copy from pageable host memory. The reconstruct
+    spec route's ``meta[slots, 0] = T`` was one and stopped every reconstruct tree server there on the H200
+    (2026-12-04); the stand-in's capture refuses it the same way. The captured attention is the tree's."""
+    from treewy.serve import tree_vllm
+    from treewy.serve import vllm_adapter as A
+    from treewy.serve.reconstruct import ReconstructPools
+    B, T, H, HV, K, V, S = 2, 5, 2, 4, 8, 8, 12
+    layout = hooks.TreeLayout((2, 1))
+    pools = ReconstructPools.empty(S, H=H, HV=HV, K=K, V=V, max_nodes=T)
+    tree_vllm.install(mode, active_pools=lambda: pools, environ={"TREEWY_TREE": "2,1"})   # T = 5
+    getattr(stand_in.runner, A.RUNNER)()._dummy_sampler_run(torch.zeros(B, 8))   # the profile, before any capture
+    gen = torch.Generator().manual_seed(0)
+    n, C = B * T, 2 * H * K + HV * V
+    slots = torch.tensor([3, 5])
+    state_idx = slots[:, None].expand(B, T) if mode == "reconstruct" else torch.arange(1, 1 + n).reshape(B, T)
+    pool = pools.state if mode == "reconstruct" else torch.zeros(S, HV, V, K)
+    conv_state = torch.randn(S, C, 3 + T - 1, generator=gen)
+    num_acc = torch.ones(B, dtype=torch.int32)          # vLLM's buffer before any step
+    cu = torch.arange(B + 1, dtype=torch.int32) * T
+    x, w = torch.randn(n, C, generator=gen), torch.randn(C, 4, generator=gen)
+    q, k = (torch.randn(1, n, H, K, generator=gen) for _ in range(2))
+    v, a, b = torch.randn(1, n, HV, V, generator=gen), torch.randn(n, HV, generator=gen), torch.randn(n, HV,
+                                                                                                      generator=gen)
+    impl = stand_in.impl_class(backend)(4, 8, 0.3, 2)
+    kv, table = torch.randn(7, 2, 16, 16, generator=gen), torch.tensor([[3, 5], [6, 1]], dtype=torch.int32)
+    md = stand_in.attention_metadata(backend, n, T, cu, torch.ones(B, dtype=torch.int32), table)
+    query = torch.randn(n, 4, 8, generator=gen)
+    out = torch.zeros_like(query)
+    with stand_in.capturing():
+        y = getattr(stand_in.gdn, A.CONV_UPDATE)(x, conv_state, w, None, "silu", conv_state_indices=state_idx[:, 0],
+                                                  num_accepted_tokens=num_acc, query_start_loc=cu)
+        o, _ = getattr(stand_in.gdn, A.SPEC_UPDATE)(
+            A_log=torch.zeros(HV), a=a, b=b, dt_bias=torch.zeros(HV), q=q, k=k, v=v, initial_state=pool,
+            cu_seqlens=cu, ssm_state_indices=state_idx, num_accepted_tokens=num_acc, use_qk_l2norm_in_kernel=True)
+        impl.forward(None, query, None, None, kv, md, out)
+    assert y.shape == (n, C) and o.shape == (1, n, HV, V) and torch.isfinite(o).all()
+    if mode == "reconstruct":
+        assert pools.meta[:, 0].tolist() == [T if s in (3, 5) else 0 for s in range(S)]   # the window pending
+    k_cache, v_cache = A.split_kv_cache(kv, 8)
+    want = hooks.tree_attention_spec(query, k_cache, v_cache, table, torch.full((B,), T), layout, 0.3)
+    torch.testing.assert_close(out, want.float())
+    assert stand_in.captures == 1 and stand_in.attn_calls == stand_in.conv_calls == stand_in.stock_calls == []
+
+
+def test_a_tree_pass_on_a_backend_the_hooks_leave_alone_names_the_ones_they_replace():
+    """A tree pass's metadata (``DraftPass``) is read by the tree's attention override alone; an attention backend
+    whose forward the hooks do not replace reads its own fields off it and fails, naming the backends they do."""
+    import copy
+
+    from treewy.serve import tree_vllm
+    md = tree_vllm.DraftPass(torch.zeros(2, dtype=torch.long), torch.zeros(2, 3, dtype=torch.int32),
+                             torch.ones(4, 4, dtype=torch.bool))
+    with pytest.raises(AttributeError, match=r"'DraftPass' object has no attribute 'use_cascade': an MTP tree pass's "
+                                             r"metadata reached .* FLASH_ATTN, TRITON_ATTN only"):
+        md.use_cascade
+    assert not hasattr(md, "__deepcopy__") and copy.copy(md).root is md.root
+
+
+def test_compaction_skips_gdn_groups_and_refuses_a_softmax_backend_the_hooks_leave_alone(stand_in):
+    """vLLM's runner lists the GDN layers' groups beside the softmax ones: those hold no K/V to compact and are
+    passed over; a softmax group on a backend whose forward the tree hooks do not replace (its windows got causal
+    attention) stops the step with the flag that fixes it."""
+    import types
+
+    import stand_in_vllm
+
+    from treewy.serve import vllm_adapter as A
+    runner = getattr(stand_in.runner, A.RUNNER)(max_tokens=8, max_reqs=2, block_table=torch.zeros(2, 1, dtype=torch.int32),
+                                                kv_caches={"attn": (torch.zeros(1, 1, 16, 4), 2)})
+    gdn = stand_in_vllm.AttentionGroup(types.SimpleNamespace(get_name=lambda: "GDN_ATTN"), ["gdn"], 1,
+                                       stand_in_vllm.MambaSpec((), ()))
+    runner.attn_groups = [[gdn], runner.attn_groups[0]]
+    assert [head for _, _, head in A.tree_kv_caches(runner, 2)] == [2]
+    runner.attn_groups[1][0].backend = types.SimpleNamespace(get_name=lambda: "FLASHINFER")
+    with pytest.raises(ValueError, match="run on FLASHINFER.*--attention-backend FLASH_ATTN or TRITON_ATTN"):
+        A.tree_kv_caches(runner, 2)
+
+
+def test_the_tree_tables_are_never_first_built_inside_a_capture(monkeypatch):
+    """The tables go to the device with host copies: first needed inside a CUDA-graph capture, they stop the step
+    with a RuntimeError saying so; built before (vLLM's profile run does), the capture reads them."""
+    from treewy.serve import tree_vllm
+
+    runtime = tree_vllm._Runtime((2, 1), "reconstruct", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="first needed inside a CUDA-graph capture"):
+        runtime.serving("cpu")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    built = runtime.serving("cpu"), runtime.passes("cpu")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert (runtime.serving("cpu"), runtime.passes("cpu")) == built

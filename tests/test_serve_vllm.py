@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from treewy.serve import fp32_prefill, plugin, reconstruct, vllm_adapter
-from treewy.serve.vllm_names import FLAGS, TREE_NAMES, check_installed, check_source, names_for
+from treewy.serve.vllm_names import FLAGS, TREE_FLAGS, TREE_NAMES, check_installed, check_source, names_for
 
 sys.path.insert(0, str(Path(__file__).parent / "serve_fakes"))
 import stand_in_vllm  # noqa: E402
@@ -171,7 +171,7 @@ def test_every_adapter_name_is_in_the_check_list(line):
     or inside a checked source string."""
     checked = set(_vllm_names(line)) | {n.module for n in names_for(line)} | {p for n in names_for(line)
                                                                              for p in n.params}
-    needles = [x for v in FLAGS.values() for x in v]
+    needles = [x for v in (*FLAGS.values(), *TREE_FLAGS.values()) for x in v]   # TREE_FLAGS: on TREE_LINES
     not_vllm = {"SUPPORTED", "SERVE_REQUIREMENT", "TREE_LINES"}
     spellings = []
     for const in (c for c in dir(vllm_adapter) if c.isupper() and c not in not_vllm):

@@ -9,17 +9,21 @@ the batch until all finish (as ``treewy.decode.generate`` keeps them), advancing
 
 With ``vllm`` (a ``stand_in_vllm.StandIn`` where ``tree_vllm.install`` ran) the step goes through vLLM's names
 instead, as vLLM 0.26's runner and GDN layer call them: the runner's ``_prepare_inputs``, the layer module's conv
-kernel and spec kernel (with vLLM's per-request ``num_accepted_tokens``), ``FlashAttentionImpl.forward`` on
-FlashAttention's packed cache [num_blocks, Hkv, block_size, 2 * D], ``RejectionSampler.forward``,
+kernel and spec kernel (with vLLM's per-request ``num_accepted_tokens``), the attention impl's forward
+(``attn_backend``: FlashAttention's, or Triton's as vLLM picks for fp32) on the packed cache
+[num_blocks, Hkv, block_size, 2 * D], ``RejectionSampler.forward``,
 ``_update_states_after_model_execute``, ``NgramProposer.propose`` and the MTP drafter's
 ``SpecDecodeBaseProposer.propose`` (after the prefill and after every step, with the runner's inputs as vLLM's padded
 drafter batch hands them over: the window's rows, the bonus as next token, the sampled row after the rejected ones),
 whose model is the checkpoint's MTP head on its own paged cache; the installed hooks do the tree's work there (the KV
-compaction inside the after-sample step, the tree passes inside propose). Without ``vllm`` the MTP drafts come from
-``MTPDrafter``.
+compaction inside the after-sample step, the tree passes inside propose), and every step's model forward runs inside
+``StandIn.capturing()``, as vLLM replays it from a CUDA graph captured with the same hooks (nothing the plugin does
+there may copy from the host). Without ``vllm`` the MTP drafts come from ``MTPDrafter``.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import torch
@@ -37,8 +41,10 @@ from treewy.serve.tree_spec import TreeAcceptance, TreeLayout
 
 
 class FakeTreeEngine:
-    def __init__(self, model, widths, mode: str, drafter: str, block_size: int = 16, seed: int = 0, vllm=None):
+    def __init__(self, model, widths, mode: str, drafter: str, block_size: int = 16, seed: int = 0, vllm=None,
+                 attn_backend: str = A.FLASH_BACKEND_NAME):
         self.model, self.spec, self.mode, self.drafter, self.vllm = model, spec_of(model), mode, drafter, vllm
+        self.attn_backend = attn_backend
         self.active_pools = None   # the reconstruct pools of the GDN layer running now (tree_vllm's active_pools)
         self.widths, self.block_size, self.gen = tuple(widths), block_size, torch.Generator().manual_seed(seed)
 
@@ -62,16 +68,16 @@ class FakeTreeEngine:
             s = self.spec
             caches = {f"layers.{i}.attn": (self.kv[i], s.D) for i in s.attn_layers}
             self.runner = getattr(self.vllm.runner, A.RUNNER)(max_tokens=B * T, max_reqs=B, kv_caches=caches,
-                                                              block_table=self.block_table)
+                                                              block_table=self.block_table,
+                                                              backend=self.attn_backend)
             self.sampler = getattr(self.vllm.sampler, A.REJECTION_SAMPLER)()
-            self.attn_impl = getattr(self.vllm.flash, A.FLASH_IMPL)(s.Hq, s.D, s.layers[s.attn_layers[0]]
-                                                                    .self_attn.scaling, s.Hkv)
+            impl_cls = self.vllm.impl_class(self.attn_backend)
+            self.attn_impl = impl_cls(s.Hq, s.D, s.layers[s.attn_layers[0]].self_attn.scaling, s.Hkv)
             self.ngram = getattr(self.vllm.ngram, A.NGRAM_PROPOSER)(T - 1)
             if self.drafter == "mtp":   # the drafter's one attention layer, its own paged cache, vLLM's proposer
                 dt = next(self.model.parameters()).dtype
                 self.mtp_kv = type(self.vllm).flash_kv_cache(B * blocks_per_req + 1, self.block_size, s.Hkv, s.D, dt)
-                impl = getattr(self.vllm.flash, A.FLASH_IMPL)(s.Hq, s.D, s.layers[s.attn_layers[0]].self_attn.scaling,
-                                                              s.Hkv)
+                impl = impl_cls(s.Hq, s.D, s.layers[s.attn_layers[0]].self_attn.scaling, s.Hkv)
                 mtp = self.vllm.mtp_model(self.model, "mtp.layers.0.self_attn.attn", impl, self.mtp_kv)
                 self.proposer = getattr(self.vllm.proposer, A.PROPOSER)(mtp, ["mtp.layers.0.self_attn.attn"], T - 1)
         hidden, logits = self._prefill(prompts, cap)
@@ -218,17 +224,19 @@ class FakeTreeEngine:
             tokens = getattr(self.runner.input_ids, A.BUFFER_GPU)[: B * T].long()   # what vLLM's model embeds
         seq_lens = self.num_computed + T
         cu = torch.arange(B + 1, dtype=torch.int32) * T
-        h = s.embed(tokens[None])
-        cos, sin = rope(s, h, positions[None])
-        for i, layer in enumerate(s.layers):
-            r, x = h, layer.input_layernorm(h)
-            if s.kinds[i] == "gdn":
-                x = self._gdn(i, layer.linear_attn, x, cu)
-            else:
-                x = self._attn(i, layer.self_attn, x, cos, sin, slot_mapping, seq_lens)
-            h = r + x
-            h = h + mlp(layer, layer.post_attention_layernorm(h))
-        h = s.norm(h)
+        # vLLM replays the model's forward of a uniform batch from a CUDA graph captured with the hooks inside
+        with self.vllm.capturing() if self.vllm is not None else contextlib.nullcontext():
+            h = s.embed(tokens[None])
+            cos, sin = rope(s, h, positions[None])
+            for i, layer in enumerate(s.layers):
+                r, x = h, layer.input_layernorm(h)
+                if s.kinds[i] == "gdn":
+                    x = self._gdn(i, layer.linear_attn, x, cu)
+                else:
+                    x = self._attn(i, layer.self_attn, x, cos, sin, slot_mapping, seq_lens)
+                h = r + x
+                h = h + mlp(layer, layer.post_attention_layernorm(h))
+            h = s.norm(h)
         logits = s.lm_head(h)[0]
         if self.vllm is None:
             acc = hooks.tree_rejection_sample(self.serving, drafts.reshape(-1), logits.float())
@@ -302,10 +310,11 @@ class FakeTreeEngine:
         if self.vllm is None:
             o = hooks.tree_attention_spec(q.contiguous(), k_cache, v_cache, self.block_table, seq_lens,
                                           self.serving.layout, attn.scaling)
-        else:   # vLLM's attention layer: the impl's forward on the layer's cache and FlashAttention's metadata
+        else:   # vLLM's attention layer: the impl's forward on the layer's cache and its backend's metadata
             B = seq_lens.shape[0]
-            md = type(self.vllm).flash_metadata(n, n // B, torch.arange(B + 1, dtype=torch.int32) * (n // B),
-                                                seq_lens.to(torch.int32), self.block_table.to(torch.int32))
+            md = type(self.vllm).attention_metadata(self.attn_backend, n, n // B,
+                                                    torch.arange(B + 1, dtype=torch.int32) * (n // B),
+                                                    seq_lens.to(torch.int32), self.block_table.to(torch.int32))
             o = torch.empty_like(q)
             self.attn_impl.forward(None, q.contiguous(), k, v, self.kv[i], md, o)
         return attn.o_proj(o.reshape(1, n, -1) * torch.sigmoid(gate.reshape(1, n, -1)))

@@ -3,11 +3,13 @@
 ``_forward_core`` calls the module's spec kernel by keyword (as vLLM 0.26's does), the forward context, MambaSpec
 and the model classes' page planning; for served trees (``tree_vllm``) the layer module's conv kernel, the rejection
 sampler, SamplerOutput, the model runner's two methods with the attributes a tree reads (positions, input ids,
-attention groups, block tables), FlashAttention's impl (causal attention over its packed paged cache), the n-gram
-drafter, and the MTP drafter: ``SpecDecodeBaseProposer`` (its first pass and one draft), an attention layer that
-writes K/V at the forward context's slot mapping, and Qwen3.5's MTP model on a treewy checkpoint's MTP head, each
-stock one doing what vLLM's does with the tensors a tree touches. What each name means in vLLM is checked by
-``vllm_names``, not here."""
+attention groups, block tables), the impls of FlashAttention and Triton attention (causal attention over their
+packed paged cache, after reading every metadata field vLLM 0.26's forward reads, so that metadata lacking one fails
+as it fails there), the n-gram drafter, and the MTP drafter: ``SpecDecodeBaseProposer`` (its first pass and one
+draft), an attention layer that writes K/V at the forward context's slot mapping, and Qwen3.5's MTP model on a
+treewy checkpoint's MTP head, each stock one doing what vLLM's does with the tensors a tree touches.
+``StandIn.capturing()`` runs a block as vLLM's CUDA-graph capture does (``capture_guard``: the plugin's code may
+copy nothing from the host there). What each name means in vLLM is checked by ``vllm_names``, not here."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import types
 
 import torch
 
+from capture_guard import no_host_copies
 from treewy.serve import vllm_adapter as A
 
 
@@ -72,11 +75,55 @@ class Scheduled:
 
 @dataclasses.dataclass
 class FlashAttentionMetadata:
+    """vLLM 0.26's (vllm/v1/attention/backends/flash_attn.py): the five fields a tree reads first, then the rest its
+    forward reads at their values for a plain batch."""
     num_actual_tokens: int
     max_query_len: int
     query_start_loc: torch.Tensor
     seq_lens: torch.Tensor
     block_table: torch.Tensor
+    max_seq_len: int = 0
+    use_cascade: bool = False
+    scheduler_metadata: torch.Tensor | None = None
+    sliding_window: tuple | None = None
+    causal: bool = True
+    mm_prefix_range_tensor: torch.Tensor | None = None
+    rswa_prefix_lens: torch.Tensor | None = None
+    max_num_splits: int = 0
+
+
+@dataclasses.dataclass
+class TritonAttentionMetadata:
+    """vLLM 0.26's (vllm/v1/attention/backends/triton_attn.py), as FlashAttentionMetadata above."""
+    num_actual_tokens: int
+    max_query_len: int
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    max_seq_len: int = 0
+    use_cascade: bool = False
+    seq_threshold_3D: int = 0
+    num_par_softmax_segments: int = 16
+    softmax_segm_output: torch.Tensor | None = None
+    softmax_segm_max: torch.Tensor | None = None
+    softmax_segm_expsum: torch.Tensor | None = None
+    causal: bool = True
+    mm_prefix_range_tensor: torch.Tensor | None = None
+    rswa_prefix_lens: torch.Tensor | None = None
+    rswa_window: int | None = None
+
+
+#: The metadata fields each backend's forward reads in vLLM 0.26 (its decoder path, unquantized cache), in its order:
+#: FlashAttentionImpl.forward reads num_actual_tokens, then use_cascade (``if not attn_metadata.use_cascade``), ...;
+#: TritonAttentionImpl.forward starts with ``assert attn_metadata.use_cascade is False`` (what stopped the MTP tree
+#: drafter on the H200, 2026-12-04: the tree pass's metadata reached it).
+FLASH_FORWARD_READS = ("num_actual_tokens", "use_cascade", "query_start_loc", "seq_lens", "max_query_len",
+                       "max_seq_len", "block_table", "scheduler_metadata", "sliding_window", "causal",
+                       "mm_prefix_range_tensor", "rswa_prefix_lens", "max_num_splits")
+TRITON_FORWARD_READS = ("use_cascade", "num_actual_tokens", "query_start_loc", "seq_lens", "max_query_len",
+                        "max_seq_len", "block_table", "seq_threshold_3D", "num_par_softmax_segments",
+                        "softmax_segm_output", "softmax_segm_max", "softmax_segm_expsum", "mm_prefix_range_tensor",
+                        "causal", "rswa_prefix_lens", "rswa_window")
 
 
 @dataclasses.dataclass
@@ -98,15 +145,35 @@ class FlashAttentionBackend:
         return A.FLASH_BACKEND_NAME
 
 
+#: vLLM 0.26's Triton attention (module, impl, ``get_name()``), spelled here as vLLM spells them: the stand-in has
+#: the backend whether or not the plugin knows it (the tests check that ``vllm_adapter.TREE_ATTN_BACKENDS`` does).
+TRITON_MODULE, TRITON_IMPL, TRITON_NAME = "vllm.v1.attention.backends.triton_attn", "TritonAttentionImpl", "TRITON_ATTN"
+
+
+class TritonAttentionBackend:
+    @staticmethod
+    def get_name() -> str:
+        return TRITON_NAME
+
+
+#: backend name -> (module, impl, metadata class, backend class, forward reads)
+BACKENDS = {A.FLASH_BACKEND_NAME: (A.FLASH_MODULE, A.FLASH_IMPL, FlashAttentionMetadata, FlashAttentionBackend,
+                                   FLASH_FORWARD_READS),
+            TRITON_NAME: (TRITON_MODULE, TRITON_IMPL, TritonAttentionMetadata, TritonAttentionBackend,
+                          TRITON_FORWARD_READS)}
+
+
 @dataclasses.dataclass
 class AttentionGroup:
     backend: type
     layer_names: list
     kv_cache_group_id: int
+    kv_cache_spec: object = None     # a softmax group's spec (vLLM's FullAttentionSpec); MambaSpec for GDN layers
 
 
 def flash_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int, dtype) -> torch.Tensor:
-    """FlashAttention's cache of one layer: K and V packed in the last dim, [num_blocks, Hkv, block_size, 2 * D]."""
+    """FlashAttention's (and Triton's) cache of one layer: K and V packed in the last dim,
+    [num_blocks, Hkv, block_size, 2 * D]."""
     return torch.zeros(num_blocks, num_kv_heads, block_size, 2 * head_size, dtype=dtype)
 
 
@@ -155,8 +222,12 @@ class StandIn:
         self.runner = types.ModuleType(A.RUNNER_MODULE)
         setattr(self.runner, A.RUNNER, self._runner_class())
         self.attn_calls, self.ngram_calls = [], []
-        self.flash = types.ModuleType(A.FLASH_MODULE)
-        setattr(self.flash, A.FLASH_IMPL, self._flash_impl_class())
+        self.attention_modules = {}
+        for name, (module, impl, md_cls, _, reads) in BACKENDS.items():
+            self.attention_modules[name] = types.ModuleType(module)
+            setattr(self.attention_modules[name], impl, self._attention_impl_class(impl, md_cls, reads))
+        self.flash, self.triton = (self.attention_modules[n] for n in (A.FLASH_BACKEND_NAME, TRITON_NAME))
+        self.captures = 0
         self.ngram = types.ModuleType(A.NGRAM_MODULE)
         setattr(self.ngram, A.NGRAM_PROPOSER, self._ngram_class())
         self.propose_calls: list[int] = []
@@ -218,13 +289,14 @@ class StandIn:
         stand_in = self
 
         class GPUModelRunner:
-            def __init__(self, max_tokens: int = 512, max_reqs: int = 16, kv_caches=None, block_table=None):
-                """kv_caches: {layer name: (FlashAttention cache, head size)}, one KV-cache group, its block
-                table [max_reqs, blocks]."""
+            def __init__(self, max_tokens: int = 512, max_reqs: int = 16, kv_caches=None, block_table=None,
+                         backend: str = A.FLASH_BACKEND_NAME):
+                """kv_caches: {layer name: (the backend's packed cache, head size)}, one KV-cache group on
+                ``backend``, its block table [max_reqs, blocks]."""
                 self.positions = torch.zeros(max_tokens, dtype=torch.int64)
                 self.input_ids = buffer(max_tokens)
                 kv_caches = kv_caches or {}
-                self.attn_groups = [[AttentionGroup(FlashAttentionBackend, list(kv_caches), 0)]] if kv_caches else []
+                self.attn_groups = [[AttentionGroup(BACKENDS[backend][3], list(kv_caches), 0)]] if kv_caches else []
                 layers = {name: types.SimpleNamespace(kv_cache=c, head_size=d) for name, (c, d) in kv_caches.items()}
                 self.compilation_config = types.SimpleNamespace(static_forward_context=layers)
                 table = types.SimpleNamespace(get_device_tensor=lambda n: block_table[:n])
@@ -267,10 +339,12 @@ class StandIn:
 
         return GPUModelRunner
 
-    def _flash_impl_class(self):
+    def _attention_impl_class(self, name: str, metadata_cls: type, reads: tuple):
         stand_in = self
 
-        class FlashAttentionImpl:
+        class Impl:
+            metadata = metadata_cls   # the stand-in's: what its proposer's first pass builds for this backend
+
             def __init__(self, num_heads, head_size, scale, num_kv_heads):
                 self.num_heads, self.head_size, self.scale, self.num_kv_heads = num_heads, head_size, scale, \
                     num_kv_heads
@@ -278,13 +352,18 @@ class StandIn:
 
             def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
                         output_block_scale=None):
+                """vLLM 0.26's: every field its forward reads, read (a missing one fails here as there), cascade
+                refused, then causal attention over the packed cache."""
                 stand_in.attn_calls.append(attn_metadata)
+                md = {f: getattr(attn_metadata, f) for f in reads}
+                assert md["use_cascade"] is False
                 k_cache, v_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
-                n = attn_metadata.num_actual_tokens
+                n = md["num_actual_tokens"]
                 output[:n] = causal_paged_attention(query[:n], k_cache, v_cache, attn_metadata, self.scale)
                 return output
 
-        return FlashAttentionImpl
+        Impl.__name__ = Impl.__qualname__ = name
+        return Impl
 
     def _ngram_class(self):
         stand_in = self
@@ -336,8 +415,8 @@ class StandIn:
                        else token_indices_to_sample).long()
                 ids = torch.cat([target_token_ids[1:], target_token_ids[-1:]])
                 ids[tis] = next_token_ids.to(ids.dtype)
-                md = FlashAttentionMetadata(cad.num_actual_tokens, cad.max_query_len, cad.query_start_loc,
-                                            cad.seq_lens, cad.block_table_tensor)
+                md = self.model.attn.impl.metadata(cad.num_actual_tokens, cad.max_query_len, cad.query_start_loc,
+                                                   cad.seq_lens, cad.block_table_tensor)
                 names = self._draft_attn_layer_names
                 with stand_in._set_forward_context({n: md for n in names}, self.vllm_config, ids.shape[0],
                                                    {n: cad.slot_mapping for n in names}):
@@ -354,7 +433,7 @@ class StandIn:
 
     def mtp_model(self, model, layer_name: str, impl, kv_cache) -> MTPModel:
         """The drafter's model on ``model``'s MTP head, its one attention layer ``layer_name`` with this impl and
-        FlashAttention cache."""
+        its packed cache."""
         return MTPModel(model, Attention(self, layer_name, impl, kv_cache))
 
     def _model_class(self):
@@ -377,9 +456,29 @@ class StandIn:
     flash_metadata = staticmethod(FlashAttentionMetadata)
     flash_kv_cache = staticmethod(flash_kv_cache)
 
+    def impl_class(self, backend: str = A.FLASH_BACKEND_NAME) -> type:
+        """The stand-in impl of ``backend`` (a ``get_name()``), as installed (after ``tree_vllm.install``: the tree's
+        override in its forward)."""
+        module, impl, *_ = BACKENDS[backend]
+        return getattr(self.attention_modules[backend], impl)
+
+    @staticmethod
+    def attention_metadata(backend: str, *args, **kwargs):
+        """``backend``'s metadata: (num_actual_tokens, max_query_len, query_start_loc, seq_lens, block_table), the
+        rest at a plain batch's values."""
+        return BACKENDS[backend][2](*args, **kwargs)
+
+    @contextlib.contextmanager
+    def capturing(self):
+        """The block runs as vLLM's CUDA-graph capture of a step (``CUDAGraphWrapper``, FULL_DECODE_ONLY): the
+        plugin's code inside may copy nothing from the host nor read the device (``capture_guard``)."""
+        self.captures += 1
+        with no_host_copies():
+            yield
+
     def install(self, monkeypatch) -> StandIn:
         for mod in (self.gdn, self.custom_op, self.forward_context, self.kv, self.sampler, self.outputs, self.runner,
-                    self.flash, self.ngram, self.proposer, *self.model_modules.values()):
+                    *self.attention_modules.values(), self.ngram, self.proposer, *self.model_modules.values()):
             monkeypatch.setitem(sys.modules, mod.__name__, mod)
         monkeypatch.setattr(A, "installed_version", lambda: f"{self.line}.0")
         return self

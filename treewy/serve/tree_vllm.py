@@ -12,16 +12,18 @@ vLLM's back. Installed, in the order of vLLM's step:
    ``num_accepted_tokens`` becomes the accepted node + 1 (a chain's length, a tree's node), which vLLM moves with the
    request's row and hands to the GDN layers next step; that is all the GDN layers need to commit.
 
-5. the softmax layers: ``FlashAttentionImpl.forward`` runs the tree attention op on the full windows
+5. the softmax layers: the impl forward of each backend in ``vllm_adapter.TREE_ATTN_BACKENDS`` (FlashAttention's,
+   and Triton's, which vLLM picks for fp32) runs the tree attention op on the full windows
    (``tree_window_attention``: prefix = seq_lens - T, vLLM's block table and query_start_loc, the layout's parents);
-6. after the sampler, the KV compaction of every FlashAttention layer (``compact_tree_kv``: the accepted path from
-   num_computed + path[j] to num_computed + j, with its KV-cache group's block table), before the next step writes;
+6. after the sampler, the KV compaction of every softmax layer on those backends (``compact_tree_kv``: the accepted
+   path from num_computed + path[j] to num_computed + j, with its KV-cache group's block table), before the next
+   step writes;
 7. the n-gram drafter: ``NgramProposer.propose`` drafts the tree on the host (``ngram_tree_drafts``), N tokens per
    request in DFS order, -1 where nothing continues (the runner's input ids see 0 there; the sampler sees -1);
 8. the MTP drafter: ``SpecDecodeBaseProposer.propose`` runs vLLM's first pass with each window's accepted path
    first (``accepted_first``; its ``_sample_draft_tokens`` hands over the root entries' MTP outputs), then
    ``tree_mtp.mtp_tree_passes``, every pass the drafter's model forward with ``DraftPass`` metadata (its attention:
-   ``draft_pass_attention``, through the FlashAttention override) and no slot mapping, so no draft K/V is written;
+   ``draft_pass_attention``, through the same attention overrides) and no slot mapping, so no draft K/V is written;
 9. the memory profile: while ``GPUModelRunner._dummy_sampler_run`` warms the rejection sampler (one draft per
    request), the tree sampler samples that many full windows of random logits instead, so that the KV cache is sized
    with a tree step's sampler memory in hand.
@@ -80,14 +82,25 @@ class _Runtime:
     def serving(self, device) -> TreeServing:
         device = torch.device(device)
         if device not in self._serving:
+            _not_capturing("the tree's tables")
             self._serving[device] = TreeServing(self.widths, self.mode, 2, device, self.rates)
         return self._serving[device]
 
     def passes(self, device) -> TreePasses:
         device = torch.device(device)
         if device not in self._passes:
+            _not_capturing("the MTP tree passes' tables")
             self._passes[device] = TreePasses(self.serving(device).layout)
         return self._passes[device]
+
+
+def _not_capturing(what: str) -> None:
+    """The tables are built on first use with host-to-device copies, which a CUDA-graph capture refuses; vLLM 0.26's
+    profile run (its sampler run) builds them before any capture, with or without --kv-cache-memory-bytes."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{what} were first needed inside a CUDA-graph capture, before vLLM's profile run built "
+                           "them (a vLLM release whose start-up order differs from 0.26's): serve with "
+                           "--enforce-eager, or build them first with tree_vllm.RUNTIME.serving(device)")
 
 
 RUNTIME: _Runtime | None = None
@@ -118,7 +131,8 @@ def install(mode: str, *, active_pools=lambda: None, environ=os.environ) -> None
     for cls, name, wrap in ((runner, adapter.PREPARE_INPUTS, _prepare_inputs),
                             (runner, adapter.AFTER_SAMPLE, _after_sample),
                             (runner, adapter.DUMMY_SAMPLER_RUN, _profiled),
-                            (adapter.flash_impl_class(), adapter.ATTN_FORWARD, _attention_forward),
+                            *((impl, adapter.ATTN_FORWARD, _attention_forward)
+                              for impl in adapter.attention_impl_classes()),
                             (adapter.ngram_proposer_class(), adapter.NGRAM_PROPOSE, lambda stock: _ngram_propose),
                             (adapter.proposer_class(), adapter.PROPOSE, _mtp_propose),
                             (adapter.proposer_class(), adapter.SAMPLE_DRAFT, _first_pass_sample)):
@@ -199,10 +213,13 @@ def tree_vllm_spec_update(serving: TreeServing, pools, **kwargs):
     node = (num_acc[:B] - 1).to(torch.int32)
     if serving.mode == "store_all":
         return store_all_tree_update(kwargs[adapter.SPEC_INITIAL_STATE], serving, accepted=node, **kwargs)
-    slots = kwargs["ssm_state_indices"][:B, 0].long()
-    pending = pools.meta[slots.clamp(min=0), 0] > 0
+    slots = kwargs["ssm_state_indices"][:B, 0].long().clamp(min=0)
+    pending = pools.meta[slots, 0] > 0
     out = tree_spec_update(pools, serving, accepted=torch.where(pending, node, -1), **kwargs)
-    pools.meta[slots.clamp(min=0), 0] = serving.layout.num_nodes
+    # a Python number assigned through an index tensor is a host tensor copied to the device, which a CUDA-graph
+    # capture refuses (it stopped every reconstruct tree server in vLLM's capture, 2026-12-04): the value goes in
+    # as a kernel argument instead
+    pools.meta[:, 0].index_fill_(0, slots, serving.layout.num_nodes)
     return out
 
 
@@ -353,7 +370,7 @@ def _after_sample(stock):
             return
         rows, acc = moved
         layout = RUNTIME.serving(accepted.device).layout
-        for kv_cache, table, head in adapter.flash_kv_caches(self, accepted.shape[0]):
+        for kv_cache, table, head in adapter.tree_kv_caches(self, accepted.shape[0]):
             k_cache, v_cache = adapter.split_kv_cache(kv_cache, head)
             compact_tree_kv(k_cache, v_cache, table[rows], windows.num_computed, acc, layout)
     return after_sample
@@ -396,7 +413,7 @@ def _attention_forward(stock):
         if RUNTIME is None or attn_metadata is None or not decoder or RUNTIME.drafting:
             # the MTP drafter's first pass is vLLM's causal attention over the accepted path
             return stock(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
-        n, max_q, qsl, seq_lens, table = adapter.flash_windows(attn_metadata)
+        n, max_q, qsl, seq_lens, table = adapter.attention_windows(attn_metadata)
         layout, windows = RUNTIME.serving(query.device).layout, RUNTIME.windows
         T = layout.num_nodes
         if windows is None:
@@ -446,10 +463,21 @@ class DraftPass:
     """The attention metadata of one MTP tree pass, which its forward context gives every drafter layer: each
     request's root entry (``root`` int [B]: its index in the drafter's cache, the last of the prefix a pass attends
     to), the drafter's block table (``table`` [B, blocks]) and the pass's ancestor mask among its n nodes (``mask``
-    [n, n])."""
+    [n, n]). Only the tree's attention override reads it (``draft_pass_attention``): it carries none of a backend's
+    own metadata fields, and a backend whose forward the tree hooks do not replace fails on the first one it
+    reads, naming the backends they do replace."""
     root: torch.Tensor
     table: torch.Tensor
     mask: torch.Tensor
+
+    def __getattr__(self, name):   # only for names the dataclass lacks: what an attention backend's forward reads
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"'DraftPass' object has no attribute {name!r}: an MTP tree pass's metadata reached an attention "
+            f"backend's own forward, which reads {name!r}; the tree hooks replace the forward of "
+            f"{', '.join(adapter.tree_backend_names())} only (vllm_adapter.TREE_ATTN_BACKENDS): serve the tree with "
+            "one of them (--attention-backend)")
 
 
 def draft_pass_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,

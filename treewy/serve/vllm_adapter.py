@@ -331,10 +331,22 @@ def set_num_accepted(runner, counts) -> None:
     if event is not None:
         event.record()
 
-#: The softmax layers' attention: FlashAttention's impl, whose forward a served tree replaces for its windows
-#: (``tree_vllm``), and the FlashAttentionMetadata fields that forward reads (all device tensors but the two counts).
+#: The softmax layers' attention backends a served tree runs on, each (module, impl class, metadata class, backend
+#: class, its ``get_name()``): vLLM picks FlashAttention where it can (bf16 / fp16; FA3 on an H200) and Triton where
+#: FlashAttention cannot (fp32; the tiny checkpoint's H200 runs). ``tree_vllm`` replaces each impl's forward (the
+#: tree attention on the windows, ``draft_pass_attention`` on an MTP tree pass) and compacts each one's layers. In
+#: 0.26 the two keep one cache layout, K and V packed as [num_blocks, Hkv, block_size, 2 * D] (``split_kv_cache``;
+#: ``vllm_names.TREE_FLAGS`` checks both), and both metadata classes carry the five fields ``attention_windows``
+#: reads (all device tensors but the two counts); what else each backend's own forward reads is never asked of the
+#: tree pass's metadata, which reaches no backend's own forward.
 FLASH_MODULE, FLASH_IMPL, FLASH_BACKEND_NAME = ("vllm.v1.attention.backends.flash_attn", "FlashAttentionImpl",
                                                 "FLASH_ATTN")
+TRITON_MODULE, TRITON_IMPL, TRITON_BACKEND_NAME = ("vllm.v1.attention.backends.triton_attn", "TritonAttentionImpl",
+                                                   "TRITON_ATTN")
+TREE_ATTN_BACKENDS = ((FLASH_MODULE, FLASH_IMPL, "FlashAttentionMetadata", "FlashAttentionBackend",
+                       FLASH_BACKEND_NAME),
+                      (TRITON_MODULE, TRITON_IMPL, "TritonAttentionMetadata", "TritonAttentionBackend",
+                       TRITON_BACKEND_NAME))
 ATTN_FORWARD, ATTN_FORWARD_PARAMS = "forward", ("self", "layer", "query", "key", "value", "kv_cache",
                                                 "attn_metadata", "output")
 IMPL_HEAD_SIZE, IMPL_SCALE, IMPL_ATTN_TYPE = "head_size", "scale", "attn_type"
@@ -346,6 +358,7 @@ DECODER_ATTN = "decoder"   # AttentionType.DECODER's value (vllm/v1/attention/ba
 RUNNER_ATTN_GROUPS, RUNNER_COMPILATION_CONFIG, STATIC_FORWARD_CONTEXT = ("attn_groups", "compilation_config",
                                                                         "static_forward_context")
 GROUP_BACKEND, GROUP_LAYER_NAMES, GROUP_KV_CACHE_GROUP = "backend", "layer_names", "kv_cache_group_id"
+GROUP_KV_CACHE_SPEC = "kv_cache_spec"
 BATCH_BLOCK_TABLE, BLOCK_TABLES, BLOCK_TABLE_DEVICE = "block_table", "block_tables", "get_device_tensor"
 LAYER_KV_CACHE_ATTR, LAYER_HEAD_SIZE = "kv_cache", "head_size"
 #: The runner's token-id buffer (CpuGpuBuffer, int32 [max_num_tokens]) that the model embeds.
@@ -356,8 +369,14 @@ NGRAM_PROPOSE_PARAMS = ("self", "num_speculative_tokens", "sampled_token_ids", "
 NGRAM_MAX_N, NGRAM_MAX_MODEL_LEN = "max_n", "max_model_len"
 
 
-def flash_impl_class():
-    return getattr(importlib.import_module(FLASH_MODULE), FLASH_IMPL)
+def attention_impl_classes() -> list:
+    """The impl classes of ``TREE_ATTN_BACKENDS`` (imports their modules), FlashAttention's first."""
+    return [getattr(importlib.import_module(module), impl) for module, impl, *_ in TREE_ATTN_BACKENDS]
+
+
+def tree_backend_names() -> tuple:
+    """The ``get_name()`` of every backend in ``TREE_ATTN_BACKENDS``."""
+    return tuple(b[-1] for b in TREE_ATTN_BACKENDS)
 
 
 def ngram_proposer_class():
@@ -369,8 +388,9 @@ def ngram_limits(proposer) -> tuple:
     return getattr(proposer, NGRAM_MAX_N), getattr(proposer, NGRAM_MAX_MODEL_LEN)
 
 
-def flash_windows(md) -> tuple:
-    """(num_actual_tokens, max_query_len, query_start_loc, seq_lens, block_table) of a FlashAttentionMetadata."""
+def attention_windows(md) -> tuple:
+    """(num_actual_tokens, max_query_len, query_start_loc, seq_lens, block_table) of a FlashAttentionMetadata or a
+    TritonAttentionMetadata (the same five fields in both)."""
     return tuple(getattr(md, f) for f in (FA_NUM_TOKENS, FA_MAX_QUERY_LEN, FA_QUERY_START, FA_SEQ_LENS,
                                           FA_BLOCK_TABLE))
 
@@ -382,21 +402,28 @@ def impl_dims(impl) -> tuple:
 
 
 def split_kv_cache(kv_cache, head_size: int) -> tuple:
-    """FlashAttention's packed cache [num_blocks, Hkv, block_size, 2 * D] as its key and value views, each
-    [num_blocks, block_size, Hkv, D] (what its forward does: ``kv_cache.transpose(1, 2).split(head_size, -1)``)."""
+    """FlashAttention's and Triton's packed cache [num_blocks, Hkv, block_size, 2 * D] as its key and value views,
+    each [num_blocks, block_size, Hkv, D] (what both forwards do: ``kv_cache.transpose(1, 2).split(head_size, -1)``)."""
     return tuple(kv_cache.transpose(1, 2).split(head_size, dim=-1))
 
 
-def flash_kv_caches(runner, num_reqs: int) -> list:
-    """(kv_cache, block_table [num_reqs, blocks], head_size) of every FlashAttention layer the runner holds, with its
-    KV-cache group's block table."""
+def tree_kv_caches(runner, num_reqs: int) -> list:
+    """(kv_cache, block_table [num_reqs, blocks], head_size) of every softmax layer the runner holds, with its
+    KV-cache group's block table. A softmax layer on a backend outside ``TREE_ATTN_BACKENDS`` is a ValueError: its
+    windows would have had causal attention instead of the tree's (the hooks replace those backends' forwards only)."""
     layers = getattr(getattr(runner, RUNNER_COMPILATION_CONFIG), STATIC_FORWARD_CONTEXT)
     tables = getattr(getattr(getattr(runner, RUNNER_INPUT_BATCH), BATCH_BLOCK_TABLE), BLOCK_TABLES)
+    names = tree_backend_names()
     out = []
     for groups in getattr(runner, RUNNER_ATTN_GROUPS):
         for group in groups:
-            if getattr(group, GROUP_BACKEND).get_name() != FLASH_BACKEND_NAME:
+            if is_mamba_spec(getattr(group, GROUP_KV_CACHE_SPEC)):
                 continue
+            backend = getattr(group, GROUP_BACKEND).get_name()
+            if backend not in names:
+                raise ValueError(f"a served tree's softmax layers run on {backend}, whose attention the tree hooks do "
+                                 f"not replace (their windows got causal attention): serve with --attention-backend "
+                                 f"{' or '.join(names)}")
             table = getattr(tables[getattr(group, GROUP_KV_CACHE_GROUP)], BLOCK_TABLE_DEVICE)(num_reqs)
             for name in getattr(group, GROUP_LAYER_NAMES):
                 layer = layers[name]

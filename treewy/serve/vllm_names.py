@@ -89,19 +89,21 @@ TREE_NAMES: tuple[Name, ...] = (
         A.RUNNER_NUM_ACCEPTED, A.RUNNER_ACCEPTED_EVENT, A.RUNNER_INPUT_BATCH, A.RUNNER_ASYNC_SPEC)),
     Name(A.INPUT_BATCH_MODULE, f"{A.INPUT_BATCH}.{A.BATCH_ACCEPTED_CPU}", kind="instance"),
     *(Name(A.BUFFER_MODULE, f"{A.BUFFER}.{attr}", kind="instance") for attr in (A.BUFFER_GPU, A.BUFFER_NP)),
-    # the softmax layers' attention and the compaction's way to every layer's cache and block table
-    Name(A.FLASH_MODULE, f"{A.FLASH_IMPL}.{A.ATTN_FORWARD}", A.ATTN_FORWARD_PARAMS),
-    *(Name(A.FLASH_MODULE, f"{A.FLASH_IMPL}.{attr}", kind="instance") for attr in (
-        A.IMPL_HEAD_SIZE, A.IMPL_SCALE, A.IMPL_ATTN_TYPE)),
-    Name(A.FLASH_MODULE, "FlashAttentionBackend.get_name"),
-    *(Name(A.FLASH_MODULE, f"FlashAttentionMetadata.{f}", kind="field") for f in (
-        A.FA_NUM_TOKENS, A.FA_MAX_QUERY_LEN, A.FA_QUERY_START, A.FA_SEQ_LENS, A.FA_BLOCK_TABLE)),
+    # the softmax layers' attention on every backend a tree runs on (FlashAttention, Triton) and the compaction's way
+    # to every layer's cache and block table
+    *(n for module, impl, md, backend, _ in A.TREE_ATTN_BACKENDS for n in (
+        Name(module, f"{impl}.{A.ATTN_FORWARD}", A.ATTN_FORWARD_PARAMS),
+        *(Name(module, f"{impl}.{attr}", kind="instance") for attr in (A.IMPL_HEAD_SIZE, A.IMPL_SCALE,
+                                                                       A.IMPL_ATTN_TYPE)),
+        Name(module, f"{backend}.get_name"),
+        *(Name(module, f"{md}.{f}", kind="field") for f in (
+            A.FA_NUM_TOKENS, A.FA_MAX_QUERY_LEN, A.FA_QUERY_START, A.FA_SEQ_LENS, A.FA_BLOCK_TABLE)))),
     Name("vllm.v1.attention.backend", "AttentionType.DECODER", kind="attr"),
     *(Name(A.RUNNER_MODULE, f"{A.RUNNER}.{attr}", kind="instance") for attr in (
         A.RUNNER_ATTN_GROUPS, A.RUNNER_COMPILATION_CONFIG, A.RUNNER_INPUT_IDS)),
     Name("vllm.config.compilation", f"CompilationConfig.{A.STATIC_FORWARD_CONTEXT}", kind="field"),
     *(Name("vllm.v1.worker.utils", f"AttentionGroup.{f}", kind="field") for f in (
-        A.GROUP_BACKEND, A.GROUP_LAYER_NAMES, A.GROUP_KV_CACHE_GROUP)),
+        A.GROUP_BACKEND, A.GROUP_LAYER_NAMES, A.GROUP_KV_CACHE_GROUP, A.GROUP_KV_CACHE_SPEC)),
     Name(A.INPUT_BATCH_MODULE, f"{A.INPUT_BATCH}.{A.BATCH_BLOCK_TABLE}", kind="instance"),
     Name("vllm.v1.worker.block_table", f"MultiGroupBlockTable.{A.BLOCK_TABLES}", kind="instance"),
     Name("vllm.v1.worker.block_table", f"BlockTable.{A.BLOCK_TABLE_DEVICE}", ("self", "num_reqs")),
@@ -157,10 +159,18 @@ FLAGS: dict[str, tuple[str, ...]] = {
 }
 
 #: Source text the tree hooks rely on, checked for the lines in ``vllm_adapter.TREE_LINES``: a layer the forward
-#: context gives no slot mapping writes no K/V (the MTP tree passes run so).
+#: context gives no slot mapping writes no K/V (the MTP tree passes run so); FlashAttention and Triton keep K and V
+#: packed in one cache [num_blocks, Hkv, block_size, 2 * D], split as ``vllm_adapter.split_kv_cache`` splits it, and
+#: Triton's backend is named as the compaction picks its layers.
+_PACKED_KV = "return (num_blocks, num_kv_heads, block_size, 2 * head_size)"
 TREE_FLAGS: dict[str, tuple[str, ...]] = {
     "vllm/model_executor/layers/attention/attention.py": ("layer_slot_mapping = slot_mapping.get(layer_name)",
                                                           "if layer_slot_mapping is not None:"),
+    A.FLASH_MODULE.replace(".", "/") + ".py": (_PACKED_KV,
+                                               "kv_cache.transpose(1, 2).split(self.head_size, dim=-1)"),
+    A.TRITON_MODULE.replace(".", "/") + ".py": (f'return "{A.TRITON_BACKEND_NAME}"', _PACKED_KV,
+                                                "kv_cache = kv_cache.transpose(1, 2)",
+                                                "key_cache, value_cache = kv_cache.split(hs, dim=-1)"),
 }
 
 
