@@ -74,9 +74,9 @@ class Scheduled:
 
 
 @dataclasses.dataclass
-class FlashAttentionMetadata:
-    """vLLM 0.26's (vllm/v1/attention/backends/flash_attn.py): the five fields a tree reads first, then the rest its
-    forward reads at their values for a plain batch."""
+class _BackendMetadata:
+    """The fields vLLM 0.26's FlashAttention and Triton metadata share: the five a tree reads first, then two both
+    forwards read at their values for a plain batch (each class is its own in vLLM; the stand-in shares these)."""
     num_actual_tokens: int
     max_query_len: int
     query_start_loc: torch.Tensor
@@ -84,6 +84,11 @@ class FlashAttentionMetadata:
     block_table: torch.Tensor
     max_seq_len: int = 0
     use_cascade: bool = False
+
+
+@dataclasses.dataclass
+class FlashAttentionMetadata(_BackendMetadata):
+    """vLLM 0.26's (vllm/v1/attention/backends/flash_attn.py): the shared fields, then the rest its forward reads."""
     scheduler_metadata: torch.Tensor | None = None
     sliding_window: tuple | None = None
     causal: bool = True
@@ -93,15 +98,8 @@ class FlashAttentionMetadata:
 
 
 @dataclasses.dataclass
-class TritonAttentionMetadata:
+class TritonAttentionMetadata(_BackendMetadata):
     """vLLM 0.26's (vllm/v1/attention/backends/triton_attn.py), as FlashAttentionMetadata above."""
-    num_actual_tokens: int
-    max_query_len: int
-    query_start_loc: torch.Tensor
-    seq_lens: torch.Tensor
-    block_table: torch.Tensor
-    max_seq_len: int = 0
-    use_cascade: bool = False
     seq_threshold_3D: int = 0
     num_par_softmax_segments: int = 16
     softmax_segm_output: torch.Tensor | None = None
