@@ -27,7 +27,9 @@ they do not fit what comes back). ``table`` puts both modes side by side: engine
 ``engine --timed-steps N``: after the profiled steps, N more decode steps of the same batch timed on the host without
 the profiler (its own host work inflates the steps it records): the step's cadence, median and 10th / 90th
 percentiles per mode in the table. With ``--compile decode`` that is the sweep server's decode step without the HTTP
-front end.
+front end. ``--timed-rounds R`` times N steps on R - 1 more batches of fresh requests too, each round's median in
+the table: the served single-request steps kept one pace per request (12-15 or 20-22 ms, both modes), which
+rounds of fresh requests in the engine alone either show or rule out.
 
 ``engine --mixed``: before each profiled step one new request of ``--prompt-len`` tokens arrives, so every step
 carries a prefill chunk beside the B decodes, as the serving sweep's steps do when a request replaces a finished one.
@@ -313,15 +315,24 @@ def cmd_engine(args) -> int:
         prompt = torch.randint(0, 248000, (args.prompt_len,), generator=gen).tolist()
         engine.add_request(rid, {"prompt_token_ids": prompt}, sampling)
 
-    results = {}
-    for B in args.batches:
-        ids = [f"B{B}-{i}" for i in range(B)]
+    def start(ids):
+        """Add the requests ``ids`` and step them past their prefill and one spec step."""
         for rid in ids:
             add(rid, params)
         produced = {}
-        while len([r for r in ids if produced.get(r, 0) >= 2]) < B:        # past the prefill and one spec step
+        while len([r for r in ids if produced.get(r, 0) >= 2]) < len(ids):
             for out in engine.step():
                 produced[out.request_id] = len(out.outputs[0].token_ids)
+
+    def finish(ids):
+        engine.abort_request(ids)
+        while engine.has_unfinished_requests():
+            engine.step()
+
+    results = {}
+    for B in args.batches:
+        ids = [f"B{B}-{i}" for i in range(B)]
+        start(ids)
         before = set((work / "traces").glob("*")) if (work / "traces").exists() else set()
         llm.start_profile(profile_prefix=f"{args.mode}_B{B}")
         times = []
@@ -331,22 +342,27 @@ def cmd_engine(args) -> int:
                 add(ids[-1], arrival)
             times.append(timed_step(engine))
         llm.stop_profile()
-        # the profiler's own host cost inflates the steps it records: the cadence is timed apart, unprofiled
-        plain = [timed_step(engine) for _ in range(args.timed_steps)]
-        engine.abort_request(ids)
-        while engine.has_unfinished_requests():
-            engine.step()
+        # the profiler's own host cost inflates the steps it records: the cadence is timed apart, unprofiled, on
+        # these requests and then on --timed-rounds - 1 fresh batches (a served request keeps one pace for its life)
+        rounds = [[timed_step(engine) for _ in range(args.timed_steps)]]
+        finish(ids)
+        for r in range(1, args.timed_rounds if args.timed_steps else 1):
+            ids = [f"B{B}-round{r}-{i}" for i in range(B)]
+            start(ids)
+            rounds.append([timed_step(engine) for _ in range(args.timed_steps)])
+            finish(ids)
         new = wait_for_traces(work / "traces", before)
         events = [ev for p in new for ev in trace_kernels(p)]
         results[B] = dict(step_ms_median=statistics.median(times), step_ms=times, traces=[p.name for p in new],
-                          **kernel_table(events, args.steps), **step_spread(plain))
+                          **kernel_table(events, args.steps), **step_spread([t for r in rounds for t in r]),
+                          **({"plain_round_medians": [statistics.median(r) for r in rounds]} if len(rounds) > 1 else {}))
         print(f"{args.mode}{' mixed' if args.mixed else ''} B={B}: step {statistics.median(times):.2f} ms (host); "
               + ", ".join(f"{k} {v:.0f} us" for k, v in list(results[B]["kinds"].items())[:6]), flush=True)
     dev = device_name(False)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(mode=args.mode, device=dev, date=stamp(), torch=torch.__version__, steps=args.steps,
-                timed_steps=args.timed_steps,
+                timed_steps=args.timed_steps, timed_rounds=args.timed_rounds,
                 prompt_len=args.prompt_len, acceptance_rates=args.acceptance_rates, gmu=args.gmu,
                 cudagraph_max_size=max(args.batches) * T, compile=args.compile, mixed=args.mixed,
                 how="torch profiler in vLLM's engine core; kernel device time summed over the steps / steps")
@@ -404,6 +420,9 @@ def engine_text(reports: list[dict]) -> str:
             lines.append(f"  unprofiled, {n} steps: median [p10, p90] ms " + ", ".join(
                 f"{m} {rows[m]['plain_step_ms_median']:.2f} [{rows[m]['plain_step_ms_p10']:.2f}, "
                 f"{rows[m]['plain_step_ms_p90']:.2f}]" for m in modes))
+        if all("plain_round_medians" in rows[m] for m in modes):
+            lines.append("  median per round of fresh requests (ms): " + "; ".join(
+                f"{m} " + ", ".join(f"{x:.2f}" for x in rows[m]["plain_round_medians"]) for m in modes))
         kinds = sorted({k for m in modes for k in rows[m]["kinds"]}, key=lambda k: -max(rows[m]["kinds"].get(k, 0)
                                                                                         for m in modes))
         lines.append(f"  {'layer kind (us per step)':34s}" + "".join(f"{m:>14s}" for m in modes))
@@ -445,6 +464,8 @@ def main(argv=None) -> int:
     e.add_argument("--steps", type=int, default=8, help="decode steps profiled per batch")
     e.add_argument("--timed-steps", type=int, default=0,
                    help="decode steps timed on the host after the profiled ones, without the profiler")
+    e.add_argument("--timed-rounds", type=int, default=1,
+                   help="batches of fresh requests timed so per batch size (the first is the profiled one)")
     e.add_argument("--prompt-len", type=int, default=128)
     e.add_argument("--max-model-len", type=int, default=2048)
     e.add_argument("--gmu", type=float, default=0.9)
@@ -470,6 +491,8 @@ def main(argv=None) -> int:
             p.error("--batches, --steps and --prompt-len must be positive")
         if args.timed_steps < 0:
             p.error(f"--timed-steps {args.timed_steps}: expected 0 (none) or more")
+        if args.timed_rounds < 1:
+            p.error(f"--timed-rounds {args.timed_rounds}: expected 1 or more")
     if (args.cmd == "engine" or (args.cmd == "gdn" and not args.smoke)) and not torch.cuda.is_available():
         p.error(f"{args.cmd} needs a CUDA GPU (gdn --smoke runs on the CPU)")
     return {"gdn": cmd_gdn, "engine": cmd_engine, "table": cmd_table}[args.cmd](args)

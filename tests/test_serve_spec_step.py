@@ -350,3 +350,73 @@ def test_engine_profile_times_unprofiled_steps_apart(tmp_path, capsys):
     with pytest.raises(SystemExit):
         prof.main(["engine", "--mode", "store_all", "--timed-steps", "-1", "--out", str(tmp_path)])
     assert "--timed-steps -1: expected 0 (none) or more" in capsys.readouterr().err
+
+
+def test_engine_profile_loop_times_rounds_of_fresh_requests(tmp_path, monkeypatch):
+    """``cmd_engine`` on a stand-in LLM: per batch, requests stepped past their prefill, the profiled steps, then
+    ``--timed-steps`` unprofiled steps on them and on ``--timed-rounds - 1`` fresh batches, every batch aborted
+    before the next; the report holds one median per round and the spread over all of them."""
+    import argparse
+    import gzip
+    import json
+    import os
+    import sys
+    import types
+
+    from benchmarks import profile_serving_step as prof
+
+    class Out:
+        def __init__(self, rid, n):
+            self.request_id, self.outputs = rid, [types.SimpleNamespace(token_ids=[0] * n)]
+
+    class Engine:
+        def __init__(self):
+            self.live, self.steps, self.added = {}, 0, []
+
+        def add_request(self, rid, prompt, sampling):
+            self.live[rid] = 0
+            self.added.append(rid)
+
+        def step(self):
+            self.steps += 1
+            for rid in self.live:
+                self.live[rid] += 1
+            return [Out(rid, n) for rid, n in self.live.items()]
+
+        def abort_request(self, ids):
+            for rid in ids:
+                self.live.pop(rid, None)
+
+        def has_unfinished_requests(self):
+            return bool(self.live)
+
+    class LLM:
+        def __init__(self, work):
+            self.llm_engine, self.work = Engine(), work
+
+        def start_profile(self, profile_prefix):
+            self.prefix = profile_prefix
+
+        def stop_profile(self):
+            (self.work / "traces").mkdir(exist_ok=True)
+            trace = self.work / "traces" / f"{self.prefix}.json.gz"
+            event = {"cat": "kernel", "ph": "X", "name": "chain_spec_step_kernel", "dur": 5.0}
+            trace.write_bytes(gzip.compress(json.dumps({"traceEvents": [event]}).encode()))
+            os.utime(trace, (0, 0))        # written long ago: wait_for_traces takes it at once
+
+    llms = []
+    monkeypatch.setattr(prof, "make_llm", lambda args, work: llms.append(LLM(work)) or llms[-1])
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=lambda **k: k))
+    monkeypatch.setattr(prof, "device_name", lambda smoke: "stand-in")
+    args = argparse.Namespace(mode="store_all", batches=[1, 3], steps=2, timed_steps=4, timed_rounds=3, mixed=False,
+                              prompt_len=8, max_model_len=64, acceptance_rates="0.8", gmu=0.9, compile="decode",
+                              out=str(tmp_path))
+    assert prof.cmd_engine(args) == 0
+    report = json.loads(next(tmp_path.glob("engine_store_all_stand-in_*.json")).read_text())
+    for B in ("1", "3"):
+        row = report["batches"][B]
+        assert len(row["plain_round_medians"]) == 3 and len(row["plain_step_ms"]) == 12 and len(row["step_ms"]) == 2
+        assert row["kinds"] == {"gdn spec step": 2.5}
+    added = llms[0].llm_engine.added
+    assert len(added) == 3 * (1 + 3) and len(set(added)) == len(added) and not llms[0].llm_engine.live
+    assert report["meta"]["timed_rounds"] == 3
