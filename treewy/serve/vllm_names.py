@@ -138,7 +138,8 @@ def names_for(line: str) -> tuple[Name, ...]:
 FLAGS: dict[str, tuple[str, ...]] = {
     "vllm/engine/arg_utils.py": ("--speculative-config", "--gpu-memory-utilization", "--tensor-parallel-size",
                                  "--max-num-seqs", "--enable-prefix-caching", "--compilation-config",
-                                 "--max-model-len", "--served-model-name", "--async-scheduling"),
+                                 "--max-model-len", "--served-model-name", "--async-scheduling",
+                                 "--cudagraph-metrics"),
     "vllm/benchmarks/serve.py": ("--backend", "--base-url", "--endpoint", "--model", "--max-concurrency",
                                  "--request-rate", "--percentile-metrics", "--metric-percentiles", "--save-result",
                                  "--result-dir", "--result-filename", "--ignore-eos"),
