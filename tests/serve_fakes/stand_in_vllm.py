@@ -224,7 +224,6 @@ class StandIn:
         for name, (module, impl, md_cls, _, reads) in BACKENDS.items():
             self.attention_modules[name] = types.ModuleType(module)
             setattr(self.attention_modules[name], impl, self._attention_impl_class(impl, md_cls, reads))
-        self.flash, self.triton = (self.attention_modules[n] for n in (A.FLASH_BACKEND_NAME, TRITON_NAME))
         self.captures = 0
         self.ngram = types.ModuleType(A.NGRAM_MODULE)
         setattr(self.ngram, A.NGRAM_PROPOSER, self._ngram_class())
@@ -451,14 +450,12 @@ class StandIn:
     scheduled = staticmethod(Scheduled)
     common_metadata = staticmethod(CommonAttentionMetadata)
     sampling_metadata = staticmethod(SamplingMetadata)
-    flash_metadata = staticmethod(FlashAttentionMetadata)
     flash_kv_cache = staticmethod(flash_kv_cache)
 
     def impl_class(self, backend: str = A.FLASH_BACKEND_NAME) -> type:
         """The stand-in impl of ``backend`` (a ``get_name()``), as installed (after ``tree_vllm.install``: the tree's
         override in its forward)."""
-        module, impl, *_ = BACKENDS[backend]
-        return getattr(self.attention_modules[backend], impl)
+        return getattr(self.attention_modules[backend], BACKENDS[backend][1])
 
     @staticmethod
     def attention_metadata(backend: str, *args, **kwargs):
