@@ -83,7 +83,8 @@ VLLM_026_ARGS = ["--language-model-only", "--gdn-prefill-backend", "triton"]
 #: NVLink SHARP / multicast off: NCCL, torch symmetric memory and NVSHMEM would otherwise try it at TP > 1
 ENV_MULTI_GPU = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 ENV_026 = {"VLLM_USE_FLASHINFER_SAMPLER": "0", **ENV_MULTI_GPU}
-COMPILE = {"default": {}, "decode": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}}
+COMPILE = {"default": {}, "decode": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
+           "eager": {"mode": 0, "cudagraph_mode": "NONE"}}
 
 
 def compile_args(name: str) -> list[str]:
@@ -634,7 +635,10 @@ def cmd_tree_tiny(args) -> int:
     from treewy.models import load
     from treewy.models.corpus import heldout_prompts
     from treewy.serve.export import export_vllm
+    from treewy.serve.tree_trace import TRACE_ENV, TRACE_STEPS_ENV
 
+    if args.trace and args.compile != "eager":
+        raise SystemExit("--trace reads values back every traced step: serve with --compile eager")
     check_gpus(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -663,7 +667,9 @@ def cmd_tree_tiny(args) -> int:
             try:
                 argv, env = build_command(opts)
                 tag = f"{mode}_{'-'.join(map(str, tree))}"
-                with VLLMServer(argv, {**env, **ENV_026, **env_extra}, opts.base_url,
+                trace = {TRACE_ENV: str((out / f"trace_{tag}.jsonl").resolve()),
+                         TRACE_STEPS_ENV: str(args.trace)} if args.trace else {}
+                with VLLMServer(argv, {**env, **ENV_026, **env_extra, **trace}, opts.base_url,
                                 log_path=str(out / f"server_tree_{tag}.log"), echo=False) as srv:
                     srv.wait_healthy(timeout=900)
                     for c in args.concurrency:
@@ -786,6 +792,9 @@ def main(argv=None) -> int:
                          "torch.compile (servers start in seconds); default: vLLM's own compile and graphs")
     tt.add_argument("--temperature", type=_temperature, default=0.0,
                     help="0: outputs equal to generate's; above 0: sampled, accepted depths compared statistically")
+    tt.add_argument("--trace", type=int, default=0, metavar="STEPS",
+                    help="trace the first STEPS tree steps of each server against vLLM's own ops "
+                         "(treewy.serve.tree_trace; needs --compile eager): trace_<mode>_<tree>.jsonl")
     tt.add_argument("--seed", type=_seed, default=0,
                     help="at --temperature > 0: request i's vLLM seed is this + i, generate's seed is this")
     c = sub.add_parser("compare")

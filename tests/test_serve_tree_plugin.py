@@ -680,3 +680,71 @@ def test_the_tree_tables_are_never_first_built_inside_a_capture(monkeypatch):
     built = runtime.serving("cpu"), runtime.passes("cpu")
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert (runtime.serving("cpu"), runtime.passes("cpu")) == built
+
+
+def test_the_trace_compares_the_leftmost_paths_with_vllms_ops_and_changes_nothing(tiny, stand_in, monkeypatch,
+                                                                                  tmp_path):
+    """TREEWY_TREE_TRACE (an eager server's diagnosis): on the first steps, every hooked op also runs vLLM's on
+    copies, and the records say where the tree's op parts from vLLM's on the windows' leftmost paths. The stand-in's
+    attention is a real causal attention, so there the difference is rounding; its conv and spec kernel are stand-ins
+    (the conv returns x, the spec kernel zeros), so there the records only show that each got copies, never the
+    pools. The tokens are generate's with the trace on."""
+    import contextlib
+
+    import fake_tree_engine
+
+    from treewy.decode import generate
+    from treewy.serve import tree_vllm
+    from treewy.serve import vllm_adapter as A
+    model, prompts = tiny
+    widths, steps = (2, 2, 1), 3
+    spec_calls = []
+
+    def spec_stock(**kw):
+        spec_calls.append(kw)
+        n, (HV, V) = kw["q"].shape[1], kw["v"].shape[-2:]
+        return torch.zeros(1, n, HV, V, dtype=kw["v"].dtype), None
+    monkeypatch.setattr(stand_in.gdn, A.SPEC_UPDATE, spec_stock)
+    monkeypatch.setattr(type(stand_in), "capturing", lambda self: contextlib.nullcontext())   # eager: reads back
+    monkeypatch.setattr(fake_tree_engine, "MTPDrafter", None)
+    engine = FakeTreeEngine(model, widths, "store_all", "mtp", vllm=stand_in, attn_backend="TRITON_ATTN")
+    path = tmp_path / "trace.jsonl"
+    tree_vllm.install("store_all", active_pools=lambda: engine.active_pools,
+                      environ={"TREEWY_TREE": "2,2,1", "TREEWY_TREE_TRACE": str(path),
+                               "TREEWY_TREE_TRACE_STEPS": str(steps)})
+    out, _ = engine.generate(prompts, NEW_TOKENS)
+    assert out == generate(model, prompts, drafter="mtp", tree=widths, commit="store_all",
+                           max_new_tokens=NEW_TOKENS, graphs=False).tokens
+    import json
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert {r["step"] for r in records} == set(range(1, steps + 1))
+    for step in range(1, steps + 1):
+        ops = [r for r in records if r["step"] == step]
+        kinds = [r["op"] for r in ops]
+        assert kinds[0] == "inputs" and kinds.count("sample") == 1
+        first = ops[0]
+        assert [p[:4] for p in first["positions"]] == [[p[0] + d for d in range(4)] for p in first["positions"]]
+        attn = [r for r in ops if r["op"] == "attention"]
+        assert attn and [r["layer"] for r in attn] == list(range(len(attn)))
+        assert all(r["max_diff"] <= 1e-5 * max(r["max_ref"], 1.0) for r in attn), attn
+        assert any(r["op"] == "conv" for r in ops) and any(r["op"] == "gdn" for r in ops)
+        sample = next(r for r in ops if r["op"] == "sample")
+        assert len(sample["argmax"][0]) == 11 and len(sample["drafts"][0]) == 10 and len(sample["tokens"][0]) == 4
+    # vLLM's conv and spec kernel got copies: never the pools, indices 0.. over the copy
+    pool_ptrs = {t.data_ptr() for t in engine.conv.values()}
+    for a, kw in stand_in.conv_calls:
+        assert a[1].data_ptr() not in pool_ptrs
+        assert kw[A.CONV_SLOTS].tolist() == list(range(kw[A.CONV_SLOTS].shape[0]))
+    assert stand_in.conv_calls and spec_calls
+    for kw in spec_calls:
+        idx = kw["ssm_state_indices"]
+        assert idx.reshape(-1).tolist() == list(range(idx.numel())) and kw["initial_state"].shape[0] == idx.numel()
+
+
+def test_the_trace_names_a_bad_step_count():
+    from treewy.serve.tree_trace import TreeTrace
+    assert TreeTrace.from_env({}) is None
+    with pytest.raises(ValueError, match="TREEWY_TREE_TRACE_STEPS='x'"):
+        TreeTrace.from_env({"TREEWY_TREE_TRACE": "t.jsonl", "TREEWY_TREE_TRACE_STEPS": "x"})
+    with pytest.raises(ValueError, match="at least one step"):
+        TreeTrace.from_env({"TREEWY_TREE_TRACE": "t.jsonl", "TREEWY_TREE_TRACE_STEPS": "0"})

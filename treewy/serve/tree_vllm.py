@@ -50,6 +50,7 @@ from treewy.serve.tree_plugin import (
 )
 from treewy.serve.tree_mtp import TreePasses, mtp_tree_passes
 from treewy.serve.tree_spec import TreeAcceptance, TreeLayout
+from treewy.serve.tree_trace import TreeTrace, leftmost_path_rows
 
 _INSTALLED: list[tuple[object, object]] = []   # (restore function, vLLM's original), in install order
 
@@ -78,6 +79,7 @@ class _Runtime:
         self.profiling = False                           # inside vLLM's memory profile of the samplers
         self.first_pass: list | None = None              # the first pass's root outputs, while propose runs it
         self._passes: dict[torch.device, TreePasses] = {}
+        self.trace: TreeTrace | None = None              # TREEWY_TREE_TRACE: the first windows against vLLM's ops
 
     def serving(self, device) -> TreeServing:
         device = torch.device(device)
@@ -121,6 +123,7 @@ def install(mode: str, *, active_pools=lambda: None, environ=os.environ) -> None
         raise ValueError("tree_vllm.install needs TREEWY_TREE (treewy serve --tree W1,W2,... sets it)")
     uninstall()
     RUNTIME = _Runtime(tree[0], mode, tree[1])
+    RUNTIME.trace = TreeTrace.from_env(environ)
     gdn = adapter.gdn_module()
     _replace(adapter.conv_update, adapter.set_conv_update, gdn, _conv_route(adapter.conv_update(gdn)))
     _replace(adapter.spec_update, adapter.set_spec_update, gdn, _spec_route(adapter.spec_update(gdn), active_pools))
@@ -200,8 +203,43 @@ def _conv_route(stock):
     def conv_update(*args, **kwargs):
         if RUNTIME is None or kwargs.get(adapter.NUM_ACCEPTED) is None:
             return stock(*args, **kwargs)
-        return tree_vllm_conv(RUNTIME.serving(args[0].device).layout, *args, **kwargs)
+        layout = RUNTIME.serving(args[0].device).layout
+        ref = _tracing() and _stock_conv_on_copies(stock, args, kwargs)
+        y = tree_vllm_conv(layout, *args, **kwargs)
+        if ref is not False:
+            B = kwargs[adapter.CONV_SLOTS].shape[0]
+            RUNTIME.trace.compare("conv", y, ref, _window_paths(B, layout))
+        return y
     return conv_update
+
+
+def _tracing() -> bool:
+    return RUNTIME.trace is not None and RUNTIME.windows is not None and RUNTIME.trace.active
+
+
+def _window_paths(B: int, layout: TreeLayout) -> torch.Tensor:
+    """The leftmost paths' rows among the GDN layer's spec rows (B windows packed first)."""
+    return leftmost_path_rows(torch.arange(B) * layout.num_nodes, layout.max_depth)
+
+
+def _stock_conv_on_copies(stock, args, kwargs) -> torch.Tensor:
+    """vLLM's conv of the window as a chain, on copies of x (it writes its output there) and of the windows' conv
+    state (the same strides), so that the tree's conv then reads what it would have read."""
+    x, conv_state, *rest = args
+    idx = kwargs[adapter.CONV_SLOTS]
+    copy = conv_state[idx.long()].transpose(-1, -2).contiguous().transpose(-1, -2)
+    own = torch.arange(idx.shape[0], dtype=idx.dtype, device=idx.device)
+    return stock(x.clone(), copy, *rest, **{**kwargs, adapter.CONV_SLOTS: own})
+
+
+def _stock_spec_on_copies(stock, kwargs) -> torch.Tensor:
+    """Store-all: vLLM's spec kernel over the window as a chain, on a copy of the windows' state blocks."""
+    B = kwargs["cu_seqlens"].shape[0] - 1
+    idx = kwargs["ssm_state_indices"][:B]
+    copy = kwargs[adapter.SPEC_INITIAL_STATE][idx.reshape(-1).long()].clone()
+    own = torch.arange(idx.numel(), dtype=idx.dtype, device=idx.device).reshape(idx.shape)
+    o, _ = stock(**{**kwargs, adapter.SPEC_INITIAL_STATE: copy, "ssm_state_indices": own})
+    return o[0]
 
 
 def tree_vllm_spec_update(serving: TreeServing, pools, **kwargs):
@@ -230,7 +268,13 @@ def _spec_route(stock, active_pools):
         pools = active_pools() if RUNTIME.mode == "reconstruct" else None
         if RUNTIME.mode == "reconstruct" and pools is None:
             return stock(*args, **kwargs)
-        return tree_vllm_spec_update(RUNTIME.serving(kwargs["q"].device), pools, **kwargs)
+        serving = RUNTIME.serving(kwargs["q"].device)
+        ref = _tracing() and pools is None and _stock_spec_on_copies(stock, kwargs)
+        out = tree_vllm_spec_update(serving, pools, **kwargs)
+        if ref is not False:
+            B = kwargs["cu_seqlens"].shape[0] - 1
+            RUNTIME.trace.compare("gdn", out[0][0], ref, _window_paths(B, serving.layout))
+        return out
     return spec_update
 
 
@@ -292,6 +336,9 @@ def _sampler_forward(self, metadata, draft_probs, logits, sampling_metadata):
         at = torch.as_tensor(tree, device=dev)
         out[at], accepted[at] = acc.output_token_ids.to(torch.int32), acc.accepted
         RUNTIME.last_windows = (at, acc)
+        if RUNTIME.trace is not None and RUNTIME.trace.active and not RUNTIME.profiling:
+            win = logits[torch.as_tensor(np.flatnonzero(np.isin(rows, tree)), device=dev)]
+            RUNTIME.trace.sample(win.reshape(tree.size, N + 1, -1), draft, acc.accepted, out[at])
     plain = np.flatnonzero(np.asarray(counts) == 0)
     if plain.size:
         pl = logits[torch.as_tensor(np.flatnonzero(np.isin(rows, plain)), device=dev)].float()
@@ -348,6 +395,8 @@ def _prepare_inputs(stock):
                 idx = starts[:, None] + torch.arange(layout.num_nodes, device=dev)[None]
                 ids = adapter.runner_input_ids(self)
                 ids[idx] = ids[idx].clamp(min=0)
+                if RUNTIME.trace is not None:
+                    RUNTIME.trace.step(RUNTIME.windows.rows, positions[0], ids, starts, layout.num_nodes)
         return result
     return prepare_inputs
 
@@ -430,6 +479,11 @@ def _attention_forward(stock):
             rows = windows.rows
         k_cache, v_cache = adapter.split_kv_cache(kv_cache, head)
         tree_window_attention(query, k_cache, v_cache, table, seq_lens, qsl, layout, scale, output, rows)
+        if windows is not None and RUNTIME.trace is not None and RUNTIME.trace.active:
+            ref = torch.zeros_like(output)   # vLLM's causal attention: equal on the leftmost paths
+            stock(self, layer, query, key, value, kv_cache, attn_metadata, ref, *args, **kwargs)
+            starts = qsl[:-1][: windows.num_reqs] if rows is None else qsl[rows]
+            RUNTIME.trace.compare("attention", output, ref, leftmost_path_rows(starts, layout.max_depth))
         return output
     return forward
 

@@ -1,0 +1,81 @@
+"""A served tree's trace: where a server's first tree windows part from vLLM's own ops (``TREEWY_TREE_TRACE=FILE``).
+
+For an eager server (``cudagraph_mode`` NONE: the trace reads values back to the host). On each of the first
+``TREEWY_TREE_TRACE_STEPS`` (default 4) steps with full tree windows, every hooked op also runs vLLM's own op on
+copies of what it reads and compares the rows of each window's leftmost path: in DFS order nodes 0..D are the chain
+root, first child, its first child, ..., which vLLM's causal ops compute exactly as the tree's must (positions
+num_computed + j there). One JSON line per record, appended to FILE:
+
+- ``{"op": "inputs", ...}``: the windows' requests, positions (first M-RoPE row) and input ids;
+- ``{"op": "attention" | "conv" | "gdn", "layer": i, "max_diff": ..., "max_ref": ...}``: the largest difference on
+  the leftmost paths between the tree's op and vLLM's, and the largest magnitude of vLLM's (``gdn``: store-all only;
+  reconstruct's pools hold no state vLLM's kernel can read);
+- ``{"op": "sample", ...}``: per window the argmax of every node's logits, the drafts, the accepted node and the
+  tokens the sampler hands vLLM.
+
+A layer index counts the op's calls within the step. Not for a served benchmark: every record syncs with the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+TRACE_ENV, TRACE_STEPS_ENV = "TREEWY_TREE_TRACE", "TREEWY_TREE_TRACE_STEPS"
+
+
+class TreeTrace:
+    """The trace of one engine process: ``step()`` at each step with full windows, then the ops' records."""
+
+    def __init__(self, path: str, steps: int = 4):
+        if steps < 1:
+            raise ValueError(f"{TRACE_STEPS_ENV}={steps}: trace at least one step")
+        self.path, self.steps, self.step_no, self.calls = path, steps, 0, {}
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> TreeTrace | None:
+        path = environ.get(TRACE_ENV)
+        if not path:
+            return None
+        try:
+            steps = int(environ.get(TRACE_STEPS_ENV, "4"))
+        except ValueError:
+            raise ValueError(f"{TRACE_STEPS_ENV}={environ[TRACE_STEPS_ENV]!r}: expected a whole number of steps")
+        return cls(path, steps)
+
+    @property
+    def active(self) -> bool:
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        return 0 < self.step_no <= self.steps and not capturing
+
+    def write(self, **record) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": self.step_no, **record}) + "\n")
+
+    def step(self, rows: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor,
+             num_nodes: int) -> None:
+        """A step with full windows begins: rows [n] its windows' requests, starts [n] their first packed tokens."""
+        self.step_no += 1
+        self.calls = {}
+        if self.active:
+            idx = starts.long()[:, None] + torch.arange(num_nodes, device=starts.device)[None]
+            self.write(op="inputs", rows=rows.tolist(), positions=positions[idx].tolist(), ids=ids[idx].tolist())
+
+    def compare(self, op: str, ours: torch.Tensor, ref: torch.Tensor, path_rows: torch.Tensor) -> None:
+        """ours, ref [rows, ...]: one op's output, the tree's and vLLM's; path_rows: the leftmost paths' rows."""
+        layer = self.calls.get(op, 0)
+        self.calls[op] = layer + 1
+        a, b = ours[path_rows].float(), ref[path_rows].float()
+        self.write(op=op, layer=layer, max_diff=(a - b).abs().max().item(), max_ref=b.abs().max().item())
+
+    def sample(self, logits: torch.Tensor, drafts: torch.Tensor, accepted: torch.Tensor, tokens: torch.Tensor) -> None:
+        """logits [n, T, V], drafts [n, N], accepted [n], tokens [n, D + 1]: the windows' sampler step."""
+        self.write(op="sample", argmax=logits.argmax(-1).tolist(), drafts=drafts.tolist(), accepted=accepted.tolist(),
+                   tokens=tokens.tolist())
+
+
+def leftmost_path_rows(starts: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """int64 [n * (D + 1)]: the packed rows of each window's nodes 0..D (DFS order: the leftmost root-to-leaf path)."""
+    return (starts.long()[:, None] + torch.arange(max_depth + 1, device=starts.device)[None]).reshape(-1)
