@@ -86,3 +86,23 @@ def test_conv_rejects_wrong_state_shape():
 def test_conv_reference_rejects_integer_inputs():
     with pytest.raises(ValueError, match="x has dtype torch.int64; expected a floating dtype"):
         naive_tree_conv1d(torch.randint(0, 5, (1, 3, 4)), torch.randn(4, 4), torch.randn(1, 4, 3), [-1, 0, 0])
+
+
+def test_the_engines_launcher_reads_a_view_of_a_serving_conv_pool():
+    """The engine's Triton conv (``get_ops(..., "triton")``) on the committed columns of vLLM 0.26's conv pool,
+    [slots, W - 1 + N, C] seen as [slots, C, W - 1 + N]: a view whose columns are C apart. The kernel reads a
+    contiguous state; before the launcher made it so, every served tree's conv read the wrong inputs (H200,
+    2026-12-04: tree-tiny's outputs parted from generate's at the first window)."""
+    from treewy.models.backends import get_ops
+    gen = torch.Generator().manual_seed(3)
+    B, C, W, N, slots = 2, 12, 4, 5, 6
+    tree = DraftTree.from_widths((2, 2))
+    x = torch.randn(B, tree.num_nodes, C, generator=gen).to(DEVICE)
+    weight = torch.randn(C, W, generator=gen).to(DEVICE)
+    pool = torch.randn(slots, W - 1 + N, C, generator=gen).to(DEVICE).transpose(1, 2)   # vLLM's SD layout, viewed
+    committed = pool[torch.tensor([4, 1], device=DEVICE), :, : W - 1]
+    assert not committed.is_contiguous()
+    parents = tree.parents.to(torch.int32).to(DEVICE)
+    y = get_ops(DEVICE, "triton").tree_conv1d(x, weight, committed, parents, None, "silu")
+    ref = naive_tree_conv1d(x.double(), weight.double(), committed.double(), tree)
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)

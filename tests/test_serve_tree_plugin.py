@@ -730,15 +730,16 @@ def test_the_trace_compares_the_leftmost_paths_with_vllms_ops_and_changes_nothin
         assert any(r["op"] == "conv" for r in ops) and any(r["op"] == "gdn" for r in ops)
         sample = next(r for r in ops if r["op"] == "sample")
         assert len(sample["argmax"][0]) == 11 and len(sample["drafts"][0]) == 10 and len(sample["tokens"][0]) == 4
-    # vLLM's conv and spec kernel got copies: never the pools, indices 0.. over the copy
+    # vLLM's conv and spec kernel got copies, never the pools: indices 1.. over the copy (vLLM skips block 0)
     pool_ptrs = {t.data_ptr() for t in engine.conv.values()}
     for a, kw in stand_in.conv_calls:
         assert a[1].data_ptr() not in pool_ptrs
-        assert kw[A.CONV_SLOTS].tolist() == list(range(kw[A.CONV_SLOTS].shape[0]))
+        assert kw[A.CONV_SLOTS].tolist() == list(range(1, kw[A.CONV_SLOTS].shape[0] + 1))
     assert stand_in.conv_calls and spec_calls
     for kw in spec_calls:
         idx = kw["ssm_state_indices"]
-        assert idx.reshape(-1).tolist() == list(range(idx.numel())) and kw["initial_state"].shape[0] == idx.numel()
+        assert idx.reshape(-1).tolist() == list(range(1, idx.numel() + 1))
+        assert kw["initial_state"].shape[0] == idx.numel() + 1 and not kw["initial_state"][0].any()
 
 
 def test_the_trace_names_a_bad_step_count():

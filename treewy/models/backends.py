@@ -89,7 +89,9 @@ def _kernel_ops() -> Ops:
         return store_all_verify_fwd(q, k, v, g, beta, S0, parents, _stride(parents), q.shape[-1] ** -0.5)
 
     def tree_conv1d(x, weight, conv_state, parents, bias=None, activation="silu"):
-        return tree_conv1d_fwd(x, weight, conv_state, parents, _stride(parents), bias, activation)
+        # the kernel reads conv_state as contiguous [B, C, W - 1]; a view of a serving pool is not (vLLM 0.26's
+        # conv pool is [slots, W - 1 + N, C] seen as [slots, C, W - 1 + N]: its columns are C apart)
+        return tree_conv1d_fwd(x, weight, conv_state.contiguous(), parents, _stride(parents), bias, activation)
 
     def tree_conv1d_commit(x, conv_state, parents, accepted):
         return tree_conv1d_commit_fwd(x, conv_state, parents, _stride(parents), accepted.to(torch.int32))

@@ -227,17 +227,22 @@ def _stock_conv_on_copies(stock, args, kwargs) -> torch.Tensor:
     state (the same strides), so that the tree's conv then reads what it would have read."""
     x, conv_state, *rest = args
     idx = kwargs[adapter.CONV_SLOTS]
-    copy = conv_state[idx.long()].transpose(-1, -2).contiguous().transpose(-1, -2)
-    own = torch.arange(idx.shape[0], dtype=idx.dtype, device=idx.device)
+    copy = _with_null_block(conv_state[idx.long()]).transpose(-1, -2).contiguous().transpose(-1, -2)
+    own = torch.arange(1, idx.shape[0] + 1, dtype=idx.dtype, device=idx.device)
     return stock(x.clone(), copy, *rest, **{**kwargs, adapter.CONV_SLOTS: own})
+
+
+def _with_null_block(blocks: torch.Tensor) -> torch.Tensor:
+    """The copied blocks behind an unused block 0: vLLM's kernels skip a row whose block is 0 (its null block)."""
+    return torch.cat([torch.zeros_like(blocks[:1]), blocks])
 
 
 def _stock_spec_on_copies(stock, kwargs) -> torch.Tensor:
     """Store-all: vLLM's spec kernel over the window as a chain, on a copy of the windows' state blocks."""
     B = kwargs["cu_seqlens"].shape[0] - 1
     idx = kwargs["ssm_state_indices"][:B]
-    copy = kwargs[adapter.SPEC_INITIAL_STATE][idx.reshape(-1).long()].clone()
-    own = torch.arange(idx.numel(), dtype=idx.dtype, device=idx.device).reshape(idx.shape)
+    copy = _with_null_block(kwargs[adapter.SPEC_INITIAL_STATE][idx.reshape(-1).long()])
+    own = torch.arange(1, idx.numel() + 1, dtype=idx.dtype, device=idx.device).reshape(idx.shape)
     o, _ = stock(**{**kwargs, adapter.SPEC_INITIAL_STATE: copy, "ssm_state_indices": own})
     return o[0]
 
