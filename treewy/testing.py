@@ -154,8 +154,10 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
-#: fp32's unit roundoff: the least error a bound assumes of an fp32 computation.
-FP32_EPS = 2.0 ** -24
+#: The least error a bound assumes of an fp32 computation: four units of roundoff (2^-24), as two summation orders
+#: of the same sums differ by a few. One unit failed a kernel that was right: window 1 of the pending-fold property
+#: test (T = 1, V = 7, H200, 2026-12-04) reached 2.27e-7 where the fp32 reference happened to reach 7.4e-8.
+FP32_FLOOR = 4 * 2.0 ** -24
 
 #: How many times the fp32 reference's own error against fp64 a kernel's fp32 error may be. Over random batches
 #: the kernels reach about 1.8 (tests/test_properties.py); 3 leaves room and still fails a ten-fold regression.
@@ -175,8 +177,8 @@ def fp32_factor(tf32: bool) -> float:
 
 def fp32_bound(ref32: torch.Tensor, ref64: torch.Tensor, factor: float = FP32_FACTOR) -> float:
     """An fp32 op's error bound from what fp32 achieves on the same inputs: ``factor`` times the error of the
-    reference run in fp32 against the reference in fp64 (at least the unit roundoff)."""
-    return factor * max(rel_err(ref32, ref64), FP32_EPS)
+    reference run in fp32 against the reference in fp64 (at least ``FP32_FLOOR``)."""
+    return factor * max(rel_err(ref32, ref64), FP32_FLOOR)
 
 
 def assert_close_fp32(name: str, out: torch.Tensor, ref64: torch.Tensor, ref32: torch.Tensor,

@@ -14,7 +14,7 @@ import torch
 
 from treewy.ops.verify import select_kernel
 from treewy.testing import (
-    FP32_EPS, FP32_FACTOR, O_TF32_TOL, output_bound, output_tf32, picked_kernel, random_gdn_inputs, random_tree,
+    FP32_FACTOR, FP32_FLOOR, O_TF32_TOL, output_bound, output_tf32, picked_kernel, random_gdn_inputs, random_tree,
     rel_err,
 )
 from treewy.tree import DraftTree, path_depth
@@ -26,7 +26,7 @@ BF16_FACTOR = 2.0
 def bound(dtype, ref_err: float) -> float:
     """A kernel's bound in ``dtype`` from ``ref_err``, the error of its reference run in that dtype."""
     if dtype == torch.float32:
-        return FP32_FACTOR * max(ref_err, FP32_EPS)
+        return FP32_FACTOR * max(ref_err, FP32_FLOOR)
     return BF16_FACTOR * ref_err
 
 
