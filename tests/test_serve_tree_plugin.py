@@ -749,3 +749,16 @@ def test_the_trace_names_a_bad_step_count():
         TreeTrace.from_env({"TREEWY_TREE_TRACE": "t.jsonl", "TREEWY_TREE_TRACE_STEPS": "x"})
     with pytest.raises(ValueError, match="at least one step"):
         TreeTrace.from_env({"TREEWY_TREE_TRACE": "t.jsonl", "TREEWY_TREE_TRACE_STEPS": "0"})
+
+
+def test_installed_hooks_pin_the_verify_kernels_first_configs_and_uninstall_unpins(stand_in):
+    """Served, the tree's verify kernels never time configs (over vLLM's pools, a restore per config and a compile
+    of every config per new batch bucket): each runs the first config its pruning keeps, as in a capture."""
+    from treewy.ops.verify.tuning import capture_safe_pruning
+    from treewy.serve import tree_vllm
+    prune = capture_safe_pruning(lambda configs, named_args, **kw: configs[1:])["early_config_prune"]
+    assert prune(["a", "b", "c"], {}) == ["b", "c"]
+    tree_vllm.install("reconstruct", environ={"TREEWY_TREE": "2,2,1"})
+    assert prune(["a", "b", "c"], {}) == ["b"]
+    tree_vllm.uninstall()
+    assert prune(["a", "b", "c"], {}) == ["b", "c"]

@@ -3,9 +3,10 @@ treewy model: what vLLM owns (scheduling, paged KV and state pools, the model's 
 the MTP passes) is written here plainly; every tree-specific step is a hook call, in the order vLLM's runner makes it.
 
 Layouts as vLLM's: packed tokens (B windows of T), a paged KV cache per softmax layer [2, num_blocks, block_size,
-Hkv, D] with a shuffled block table, a conv pool [slots, C, W - 1 + N] and a state pool per GDN layer (reconstruct:
-one slot per request plus the stash; store-all: N + 1 blocks per request), slot 0 the NULL block. Requests stay in
-the batch until all finish (as ``treewy.decode.generate`` keeps them), advancing only while live.
+Hkv, D] with a shuffled block table, a conv pool [slots, C, W - 1 + N] (a transposed view of [slots, W - 1 + N, C],
+as vLLM 0.26 keeps it) and a state pool per GDN layer (reconstruct: one slot per request plus the stash; store-all:
+N + 1 blocks per request), slot 0 the NULL block. Requests stay in the batch until all finish (as
+``treewy.decode.generate`` keeps them), advancing only while live.
 
 With ``vllm`` (a ``stand_in_vllm.StandIn`` where ``tree_vllm.install`` ran) the step goes through vLLM's names
 instead, as vLLM 0.26's runner and GDN layer call them: the runner's ``_prepare_inputs``, the layer module's conv
@@ -170,7 +171,8 @@ class FakeTreeEngine:
         else:
             self.kv = {i: type(self.vllm).flash_kv_cache(n_blocks, self.block_size, s.Hkv, s.D, dt)
                        for i in s.attn_layers}
-        self.conv = {i: torch.zeros(n_slots, s.C, s.W - 1 + T - 1, dtype=dt) for i in s.gdn_layers}
+        # vLLM 0.26's conv pool: [slots, W - 1 + N, C] in memory, handed to the kernels as [slots, C, W - 1 + N]
+        self.conv = {i: torch.zeros(n_slots, s.W - 1 + T - 1, s.C, dtype=dt).transpose(1, 2) for i in s.gdn_layers}
         if self.mode == "reconstruct":
             self.gdn = {i: ReconstructPools.empty(n_slots, H=s.H, HV=s.HV, K=s.K, V=s.V, max_nodes=T)
                         for i in s.gdn_layers}

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from treewy.ops.verify.tuning import pin_first_configs
 from treewy.serve import vllm_adapter as adapter
 from treewy.serve.tree_plugin import (
     TreeServing, compact_tree_kv, ngram_tree_drafts, store_all_tree_update, tree_attention_spec, tree_conv,
@@ -124,6 +125,7 @@ def install(mode: str, *, active_pools=lambda: None, environ=os.environ) -> None
     uninstall()
     RUNTIME = _Runtime(tree[0], mode, tree[1])
     RUNTIME.trace = TreeTrace.from_env(environ)
+    pin_first_configs(True)   # no config timing over vLLM's pools, in or out of its graphs
     gdn = adapter.gdn_module()
     _replace(adapter.conv_update, adapter.set_conv_update, gdn, _conv_route(adapter.conv_update(gdn)))
     _replace(adapter.spec_update, adapter.set_spec_update, gdn, _spec_route(adapter.spec_update(gdn), active_pools))
@@ -148,6 +150,7 @@ def uninstall() -> None:
     while _INSTALLED:
         _INSTALLED.pop()[0]()
     RUNTIME = None
+    pin_first_configs(False)
 
 
 def installed() -> list:

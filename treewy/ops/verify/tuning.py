@@ -41,14 +41,28 @@ AUTOTUNE_EXTRA = {**({"do_bench": _quick_bench} if "do_bench" in _AUTOTUNE_PARAM
                   **({"cache_results": True} if "cache_results" in _AUTOTUNE_PARAMS else {})}
 
 
+_PINNED = False
+
+
+def pin_first_configs(pinned: bool = True) -> None:
+    """For a serving engine: every autotuned verify kernel runs the first config its pruning keeps, untimed, at every
+    shape, as inside a capture. There the state pool is the engine's whole cache: timing a config restores it
+    (``restore_value``) and every new batch bucket compiles every config while requests wait. A served tree's
+    reconstruct server, whose tree kernels autotuned, emitted nothing for over 100 s at 32 requests on the H200
+    (2026-12-04, ``benchmarks/results/tree_tiny_h200_2026-12-02/``); its chains already run a pinned config."""
+    global _PINNED
+    _PINNED = pinned
+
+
 def capture_safe_pruning(prune=None) -> dict:
     """``prune_configs_by`` for an autotuned kernel: ``prune`` (None: every config), and while a CUDA graph is being
-    captured only the first config it keeps. Timing configs synchronizes, which a capture forbids: a shape first seen
-    inside one (vLLM captures its spec-decode graphs without running the spec path eagerly first) runs that config,
-    untimed, from then on in this process; shapes tuned before the capture keep their tuned config."""
+    captured (or configs are pinned, ``pin_first_configs``) only the first config it keeps. Timing configs
+    synchronizes, which a capture forbids: a shape first seen inside one (vLLM captures its spec-decode graphs without
+    running the spec path eagerly first) runs that config, untimed, from then on in this process; shapes tuned before
+    the capture keep their tuned config."""
     def early_config_prune(configs, named_args, **kwargs):
         kept = prune(configs, named_args, **kwargs) if prune else configs
-        return kept[:1] if is_capturing() else kept
+        return kept[:1] if _PINNED or is_capturing() else kept
     return {"early_config_prune": early_config_prune}
 
 
