@@ -23,6 +23,8 @@ import os
 
 import torch
 
+from treewy.serve import vllm_adapter as adapter
+
 TRACE_ENV, TRACE_STEPS_ENV = "TREEWY_TREE_TRACE", "TREEWY_TREE_TRACE_STEPS"
 
 
@@ -79,3 +81,34 @@ class TreeTrace:
 def leftmost_path_rows(starts: torch.Tensor, max_depth: int) -> torch.Tensor:
     """int64 [n * (D + 1)]: the packed rows of each window's nodes 0..D (DFS order: the leftmost root-to-leaf path)."""
     return (starts.long()[:, None] + torch.arange(max_depth + 1, device=starts.device)[None]).reshape(-1)
+
+
+def spec_window_paths(B: int, layout, device) -> torch.Tensor:
+    """The leftmost paths' rows among a GDN layer's spec rows (B windows of the TreeLayout's nodes packed first)."""
+    return leftmost_path_rows(torch.arange(B, device=device) * layout.num_nodes, layout.max_depth)
+
+
+def _with_null_block(blocks: torch.Tensor) -> torch.Tensor:
+    """The copied blocks behind an unused block 0: vLLM's kernels skip a row whose block is 0 (its null block)."""
+    return torch.cat([torch.zeros_like(blocks[:1]), blocks])
+
+
+def stock_conv_on_copies(stock, args, kwargs) -> torch.Tensor:
+    """vLLM's conv (``stock``, called as vLLM's GDN layer calls it: ``args``, ``kwargs``) of the windows as chains, on
+    copies of x (it writes its output there) and of the windows' conv state (with the pool's strides), so that the
+    tree's conv then reads what it would have read."""
+    x, conv_state, *rest = args
+    idx = kwargs[adapter.CONV_SLOTS]
+    copy = _with_null_block(conv_state[idx.long()]).transpose(-1, -2).contiguous().transpose(-1, -2)
+    own = torch.arange(1, idx.shape[0] + 1, dtype=idx.dtype, device=idx.device)
+    return stock(x.clone(), copy, *rest, **{**kwargs, adapter.CONV_SLOTS: own})
+
+
+def stock_spec_on_copies(stock, kwargs) -> torch.Tensor:
+    """Store-all: vLLM's spec kernel over the windows as chains, on a copy of their state blocks: o [B * T, HV, V]."""
+    B = kwargs["cu_seqlens"].shape[0] - 1
+    idx = kwargs["ssm_state_indices"][:B]
+    copy = _with_null_block(kwargs[adapter.SPEC_INITIAL_STATE][idx.reshape(-1).long()])
+    own = torch.arange(1, idx.numel() + 1, dtype=idx.dtype, device=idx.device).reshape(idx.shape)
+    o, _ = stock(**{**kwargs, adapter.SPEC_INITIAL_STATE: copy, "ssm_state_indices": own})
+    return o[0]

@@ -51,7 +51,9 @@ from treewy.serve.tree_plugin import (
 )
 from treewy.serve.tree_mtp import TreePasses, mtp_tree_passes
 from treewy.serve.tree_spec import TreeAcceptance, TreeLayout
-from treewy.serve.tree_trace import TreeTrace, leftmost_path_rows
+from treewy.serve.tree_trace import (
+    TreeTrace, leftmost_path_rows, spec_window_paths, stock_conv_on_copies, stock_spec_on_copies,
+)
 
 _INSTALLED: list[tuple[object, object]] = []   # (restore function, vLLM's original), in install order
 
@@ -207,47 +209,17 @@ def _conv_route(stock):
         if RUNTIME is None or kwargs.get(adapter.NUM_ACCEPTED) is None:
             return stock(*args, **kwargs)
         layout = RUNTIME.serving(args[0].device).layout
-        ref = _tracing() and _stock_conv_on_copies(stock, args, kwargs)
+        ref = _tracing() and stock_conv_on_copies(stock, args, kwargs)
         y = tree_vllm_conv(layout, *args, **kwargs)
         if ref is not False:
             B = kwargs[adapter.CONV_SLOTS].shape[0]
-            RUNTIME.trace.compare("conv", y, ref, _window_paths(B, layout))
+            RUNTIME.trace.compare("conv", y, ref, spec_window_paths(B, layout, y.device))
         return y
     return conv_update
 
 
 def _tracing() -> bool:
     return RUNTIME.trace is not None and RUNTIME.windows is not None and RUNTIME.trace.active
-
-
-def _window_paths(B: int, layout: TreeLayout) -> torch.Tensor:
-    """The leftmost paths' rows among the GDN layer's spec rows (B windows packed first)."""
-    return leftmost_path_rows(torch.arange(B) * layout.num_nodes, layout.max_depth)
-
-
-def _stock_conv_on_copies(stock, args, kwargs) -> torch.Tensor:
-    """vLLM's conv of the window as a chain, on copies of x (it writes its output there) and of the windows' conv
-    state (the same strides), so that the tree's conv then reads what it would have read."""
-    x, conv_state, *rest = args
-    idx = kwargs[adapter.CONV_SLOTS]
-    copy = _with_null_block(conv_state[idx.long()]).transpose(-1, -2).contiguous().transpose(-1, -2)
-    own = torch.arange(1, idx.shape[0] + 1, dtype=idx.dtype, device=idx.device)
-    return stock(x.clone(), copy, *rest, **{**kwargs, adapter.CONV_SLOTS: own})
-
-
-def _with_null_block(blocks: torch.Tensor) -> torch.Tensor:
-    """The copied blocks behind an unused block 0: vLLM's kernels skip a row whose block is 0 (its null block)."""
-    return torch.cat([torch.zeros_like(blocks[:1]), blocks])
-
-
-def _stock_spec_on_copies(stock, kwargs) -> torch.Tensor:
-    """Store-all: vLLM's spec kernel over the window as a chain, on a copy of the windows' state blocks."""
-    B = kwargs["cu_seqlens"].shape[0] - 1
-    idx = kwargs["ssm_state_indices"][:B]
-    copy = _with_null_block(kwargs[adapter.SPEC_INITIAL_STATE][idx.reshape(-1).long()])
-    own = torch.arange(1, idx.numel() + 1, dtype=idx.dtype, device=idx.device).reshape(idx.shape)
-    o, _ = stock(**{**kwargs, adapter.SPEC_INITIAL_STATE: copy, "ssm_state_indices": own})
-    return o[0]
 
 
 def tree_vllm_spec_update(serving: TreeServing, pools, **kwargs):
@@ -277,11 +249,11 @@ def _spec_route(stock, active_pools):
         if RUNTIME.mode == "reconstruct" and pools is None:
             return stock(*args, **kwargs)
         serving = RUNTIME.serving(kwargs["q"].device)
-        ref = _tracing() and pools is None and _stock_spec_on_copies(stock, kwargs)
+        ref = _tracing() and pools is None and stock_spec_on_copies(stock, kwargs)
         out = tree_vllm_spec_update(serving, pools, **kwargs)
         if ref is not False:
             B = kwargs["cu_seqlens"].shape[0] - 1
-            RUNTIME.trace.compare("gdn", out[0][0], ref, _window_paths(B, serving.layout))
+            RUNTIME.trace.compare("gdn", out[0][0], ref, spec_window_paths(B, serving.layout, ref.device))
         return out
     return spec_update
 
