@@ -580,6 +580,14 @@ def compare_depths(served, engine, z_max: float = DEPTH_Z_MAX) -> dict:
     return {"served": s, "engine": e, "z": z, "z_max": z_max, "matches": all(abs(x) < z_max for x in z)}
 
 
+def depth_counts_line(served, generate) -> str:
+    """At temperature 0 the served steps accept what generate's steps accept: (steps, [steps at depth >= d]) of both,
+    and whether they are the same."""
+    same = served[0] == generate[0] and list(served[1]) == list(generate[1])
+    return (f"steps accepting depth >= 1..{len(served[1])}: {list(served[1])} of {served[0]} served, "
+            f"{list(generate[1])} of {generate[0]} in generate ({'the same' if same else 'NOT the same'})")
+
+
 def depth_line(cmp: dict) -> str:
     """One report line: mean accepted depth of both, per depth the counts, rates +- SE and z, then the verdict."""
     s, e = cmp["served"], cmp["engine"]
@@ -689,7 +697,10 @@ def cmd_tree_tiny(args) -> int:
                             line = f"{head} c{c} temperature {args.temperature:g}: {depth_line(phase['depths'])}"
                         else:
                             phase["equal"] = sum(a == b[:len(a)] for a, b in zip(outs, ref_tokens))
-                            line = f"{head} c{c}: {phase['equal']}/{len(ref_tokens)} equal to treewy.decode.generate"
+                            phase["depth_counts"] = {"served": served_depth_counts(phase["counters"], len(tree)),
+                                                     "generate": engine_depth_counts(ref.steps, len(tree))}
+                            line = (f"{head} c{c}: {phase['equal']}/{len(ref_tokens)} equal to treewy.decode.generate; "
+                                    f"{depth_counts_line(**phase['depth_counts'])}")
                         run["phases"][f"c{c}"] = phase
                         report["lines"].append(line)
             except Exception as e:  # noqa: BLE001 - recorded, the other runs go on

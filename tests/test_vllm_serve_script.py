@@ -238,7 +238,10 @@ def test_fault_kills_only_the_engine_of_the_server_it_started(bench_script):
 
 def test_tree_tiny_serves_every_tree_and_mode_and_reports_equal_lines(tmp_path, monkeypatch, bench_script):
     """``tree-tiny``: one server per (tree, mode) with --tree's command (N drafts, TREEWY_TREE, the plugin, fp32 with
-    exact dots), the prompts at each concurrency, and one "N/N equal" line per run against generate's outputs."""
+    exact dots), the prompts at each concurrency, and one "N/N equal" line per run against generate's outputs, with
+    the steps vLLM counted at each accepted depth against generate's."""
+    import types
+
     import torch
 
     import treewy.decode
@@ -254,7 +257,8 @@ def test_tree_tiny_serves_every_tree_and_mode_and_reports_equal_lines(tmp_path, 
 
     def generate(model, prompts, drafter, tree, commit, max_new_tokens):
         refs.append((drafter, tree, commit))
-        return type("R", (), {"tokens": [[7, 8]] * len(prompts)})()
+        steps = [types.SimpleNamespace(length=n) for n in (3, 1, 2)]   # depths 2, 0, 1
+        return types.SimpleNamespace(tokens=[[7, 8]] * len(prompts), steps=steps)
 
     monkeypatch.setattr(treewy.decode, "generate", generate)
     servers = []
@@ -273,8 +277,11 @@ def test_tree_tiny_serves_every_tree_and_mode_and_reports_equal_lines(tmp_path, 
             pass
 
     monkeypatch.setattr(mod, "VLLMServer", Server)
-    monkeypatch.setattr(mod, "counters", lambda url: {"drafts": 0})
-    monkeypatch.setattr(mod, "delta", lambda a, b: {"drafts": 0})
+    # vLLM's counters: 3 windows; the (2, 2) reconstruct server's accepted one depth less than generate's
+    monkeypatch.setattr(mod, "counters", lambda url: {})
+    monkeypatch.setattr(mod, "delta", lambda a, b: {"drafts": 3.0, "accepted_per_pos": (
+        [2.0, 0.0, 0.0] if servers[-1][1]["TREEWY_TREE"] == "2,2" and servers[-1][1]["TREEWY_MODE"] == "reconstruct"
+        else [2.0, 1.0, 0.0])})
     # the reconstruct server of (2, 2) differs on one prompt: its run is not all equal
     monkeypatch.setattr(mod, "complete", lambda url, m, p, n: [7, 9] if servers[-1][1]["TREEWY_MODE"] == "reconstruct"
                         and servers[-1][1]["TREEWY_TREE"] == "2,2" and p is prompts_seen[0] else [7, 8])
@@ -294,8 +301,13 @@ def test_tree_tiny_serves_every_tree_and_mode_and_reports_equal_lines(tmp_path, 
     lines = (tmp_path / "tree_tiny.txt").read_text().splitlines()
     assert lines[0].startswith("tree-tiny ") and "fake GPU" in lines[0] and "3 prompts x 48 new tokens" in lines[0]
     assert lines[0].endswith("temperature 0, compile decode")
-    assert lines[1:] == [f"{m} tree {t} mtp c{c}: {'2' if (m, t) == ('reconstruct', (2, 2)) else '3'}/3 equal to "
-                         "treewy.decode.generate" for t in ((2, 2, 1), (2, 2)) for m in ("store_all", "reconstruct")
+    def line(m, t, c):
+        odd = (m, t) == ("reconstruct", (2, 2))
+        served = "[2, 0]" if odd else f"[2, 1{', 0' if len(t) == 3 else ''}]"
+        return (f"{m} tree {t} mtp c{c}: {'2' if odd else '3'}/3 equal to treewy.decode.generate; steps accepting "
+                f"depth >= 1..{len(t)}: {served} of 3 served, [2, 1{', 0' if len(t) == 3 else ''}] of 3 in generate "
+                f"({'NOT the same' if odd else 'the same'})")
+    assert lines[1:] == [line(m, t, c) for t in ((2, 2, 1), (2, 2)) for m in ("store_all", "reconstruct")
                          for c in (1, 2)]
     report = json.loads((tmp_path / "tree_tiny.json").read_text())
     assert len(report["runs"]) == 4 and report["runs"][0]["tree"] == [2, 2, 1] and report["drafter"] == "mtp"
