@@ -30,3 +30,30 @@ def test_runner_writes_executed_notebooks_and_fails_on_an_error(tmp_path):
     assert not rows["01_broken.ipynb"]["ok"] and "ZeroDivisionError" in rows["01_broken.ipynb"]["error"]
     executed = nbformat.read(out / "00_start_here.ipynb", as_version=4)
     assert any(c.get("outputs") for c in executed.cells) and executed.metadata["treewy_run"]["device"].startswith("CPU")
+
+
+def test_lab_startup_times_notebook_04s_first_cells_phase_by_phase_in_a_new_process(tmp_path):
+    """benchmarks/lab_startup.py on the CPU, as its own process: one row per module the lab's setup loads, the banner,
+    the device's first use, the checkpoint's load and each decode twice; in-process (torch already imported) it
+    refuses, since the imports are what it times."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from benchmarks import lab_startup
+
+    run = subprocess.run([sys.executable, "-m", "benchmarks.lab_startup", "--device", "cpu", "--new-tokens", "2",
+                          "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    report = json.loads((tmp_path / "lab_startup.json").read_text())
+    names = [r["phase"] for r in report["phases"]]
+    assert names[0] == "import treewy_lab" and "import transformers" in names and "import treewy.decode" in names
+    assert names[-7:] == ["describe() (the banner)", "first use of cpu", 'load("tiny")', "plain decode, first",
+                          "plain decode, again", "(3, 3, 3) decode, first", "(3, 3, 3) decode, again"]
+    assert all(r["seconds"] >= 0 for r in report["phases"]) and report["total_s"] >= sum(
+        r["seconds"] for r in report["phases"]) - 0.01
+    assert report["device"].startswith("CPU") and report["new_tokens"] == 2
+    assert (tmp_path / "lab_startup.txt").read_text().splitlines()[-1].endswith("in all")
+    with pytest.raises(SystemExit):
+        lab_startup.main(["--device", "cpu", "--out", str(tmp_path)])

@@ -1,0 +1,105 @@
+"""Where notebook 04's first seconds go in a new process (the kernel a notebook starts), phase by phase.
+
+    python -m benchmarks.lab_startup --out $OUT                  # the GPU with the kernels live (TREEWY_DEVICE)
+    python -m benchmarks.lab_startup --out DIR --device cpu      # the same on a CPU
+
+The two cells that took 18.6 of notebook 04's 30.2 s warm on the H200 and 7.3 s on the 2-core CPU (2026-12-04,
+``benchmarks/results/notebooks_h200_2026-12-04/``), split in the order they run: every module ``treewy_lab.setup``
+loads, one at a time with the notebook's ``load=`` modules after them (each row: what importing it added), the
+environment banner's ``describe()``, the device's first use, ``load("tiny")``, then the plain and the (3, 3, 3)
+decode of the cell, each twice (the first captures its CUDA graph on a GPU, the second replays it). Writes
+lab_startup.json and lab_startup.txt (device, date, versions, seconds per phase).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+#: The modules notebook 04's first cell has ``treewy_lab.setup`` load after its own list (``setup(load=...)``).
+NOTEBOOK_LOADS = ("transformers", "treewy.models", "treewy.decode", "treewy_lab.panels.sweep")
+PROMPT = "def fibonacci(n):\n    "
+
+
+def phases(device: str, new_tokens: int):
+    """(name, thunk) in the order notebook 04 runs them, yielded one at a time: the module list comes from
+    ``treewy_lab.setup`` once the first phase has imported it, and a later thunk uses an earlier one's result."""
+    got = {}
+    yield "import treewy_lab", lambda: importlib.import_module("treewy_lab")
+    from treewy_lab.setup import _LOADS
+    for module in (*(m for m, _ in _LOADS), *NOTEBOOK_LOADS):
+        yield f"import {module}", lambda m=module: importlib.import_module(m)
+    import torch
+    torch.set_num_threads(1)   # as the notebook's first cell sets it
+
+    def describe():
+        from treewy.env import describe
+        describe()
+
+    def first_use():
+        import torch
+        torch.zeros(1, device=device).add_(1).cpu()
+
+    def load():
+        from treewy.models import load
+        got["model"] = load("tiny", device=device)
+
+    def decode(**kw):
+        from treewy.decode import generate
+        from treewy.models.tokenizer import encode
+        return lambda: generate(got["model"], [encode(PROMPT)], max_new_tokens=new_tokens, **kw)
+
+    yield "describe() (the banner)", describe
+    yield f"first use of {device}", first_use
+    yield 'load("tiny")', load
+    plain, spec = decode(drafter=None), decode(drafter="mtp", tree=(3, 3, 3), commit="reconstruct")
+    for name, thunk in (("plain", plain), ("(3, 3, 3)", spec)):
+        yield f"{name} decode, first", thunk
+        yield f"{name} decode, again", thunk
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT"), help="output folder (default: $OUT)")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--new-tokens", type=int, default=48, help="tokens per decode (the notebook's 48)")
+    args = ap.parse_args(argv)
+    if not args.out:
+        ap.error("--out: give an output folder (or set $OUT)")
+    if args.new_tokens < 1:
+        ap.error(f"--new-tokens {args.new_tokens}: decode at least one token")
+    if "treewy_lab" in sys.modules or "torch" in sys.modules:
+        ap.error("run it as its own process (python -m benchmarks.lab_startup): the imports are what it times")
+    os.environ["TREEWY_DEVICE"] = args.device
+    t_start = time.perf_counter()
+    rows = []
+    for name, thunk in phases(args.device, args.new_tokens):
+        t0 = time.perf_counter()
+        thunk()
+        rows.append({"phase": name, "seconds": round(time.perf_counter() - t0, 3)})
+        print(f"{rows[-1]['seconds']:8.3f} s  {name}", flush=True)
+    import torch
+
+    from benchmarks.run_notebooks_gpu import versions
+    device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({platform.machine()})"
+    report = {"device": device, "date": datetime.date.today().isoformat(), "versions": versions(),
+              "new_tokens": args.new_tokens, "total_s": round(time.perf_counter() - t_start, 3), "phases": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "lab_startup.json").write_text(json.dumps(report, indent=1) + "\n")
+    head = f"{device}, {report['date']}; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
+    lines = [head, f"notebook 04's first two cells in a new process, phase by phase ({args.new_tokens} tokens per decode)",
+             *(f"{r['seconds']:8.3f} s  {r['phase']}" for r in rows), f"{report['total_s']:8.3f} s  in all"]
+    (out / "lab_startup.txt").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
