@@ -7,6 +7,12 @@
 #     bash benchmarks/sweep_pair.sh OUT GMU STOP_AFTER_S [more sweep arguments ...]
 #     RESUME_STORE_ALL=DIR RESUME_RECONSTRUCT=DIR bash benchmarks/sweep_pair.sh ...   # continue earlier runs
 #     MODES=reconstruct bash benchmarks/sweep_pair.sh ...   # one mode (on GPU 0): a one-GPU machine
+#     IN_TURN=1 bash benchmarks/sweep_pair.sh ...           # both modes on GPU 0, one after the other, each with
+#                                                           # its own STOP_AFTER_S: a pair measured in one call
+#
+# On one GPU, each mode in its own call measured the host of that call as much as the mode: the same one-request
+# prefill step took 133-186 ms across four calls, in either mode (benchmarks/results/serve35b_h200_gmu0.75_2026-12-02/
+# README.md). IN_TURN=1 with a few short points (--concurrency 1,8) puts both modes' servers in one call.
 #
 # vLLM must be importable (PYTHONPATH with the staged site, see vllm_pieces.sh). Exit status: the larger of the
 # two sweeps'.
@@ -19,6 +25,7 @@ mkdir -p "$out"
 modes=${MODES:-store_all reconstruct}
 gpu=0
 pids=()
+statuses=()
 for mode in $modes; do
     resume_var=RESUME_$(echo "$mode" | tr '[:lower:]' '[:upper:]')
     resume=()
@@ -28,13 +35,14 @@ for mode in $modes; do
     CUDA_VISIBLE_DEVICES=$gpu python3 -m benchmarks.vllm_serve_gpu sweep --mode "$mode" --gmu "$gmu" \
         --out "$dir" --stop-after "$stop" --port $(( 8021 + 10 * gpu )) --pack "${resume[@]}" "$@" \
         > "$dir/sweep_${mode}_gmu${gmu}.log" 2>&1 &
-    pids+=($!)
-    gpu=$(( gpu + 1 ))
+    if [ "${IN_TURN:-0}" = 1 ]; then wait "$!"; statuses+=($?); else pids+=($!); gpu=$(( gpu + 1 )); fi
+done
+for pid in ${pids[@]+"${pids[@]}"}; do
+    wait "$pid"
+    statuses+=($?)
 done
 rc=0
-for pid in "${pids[@]}"; do
-    wait "$pid"
-    r=$?
+for r in "${statuses[@]}"; do
     if [ "$r" -gt "$rc" ]; then rc=$r; fi
 done
 for mode in $modes; do

@@ -71,3 +71,15 @@ def test_missing_arguments_are_refused_with_the_usage(tmp_path):
     r = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), "0.75"], capture_output=True, text=True)
     assert r.returncode != 0 and "usage: sweep_pair.sh OUT GMU STOP_AFTER_S" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_in_turn_runs_both_modes_on_the_first_gpu_one_after_the_other(tmp_path):
+    """IN_TURN=1: a one-GPU machine measures both modes in one call (on one GPU, each mode in its own call measured
+    that call's host as much as the mode), each after the other on GPU 0 with its own --stop-after; the larger exit
+    status comes back."""
+    r, calls = _run(tmp_path, "0.75", "200", "--concurrency", "1,8", rc=3, env={"IN_TURN": "1"})
+    assert r.returncode == 3 and "sweep_pair rc=3" in r.stdout
+    assert [c[0] for c in calls] == ["gpu=0", "gpu=0"]
+    assert sorted(c[c.index("--mode") + 1] for c in calls) == ["reconstruct", "store_all"]
+    assert all(c[c.index("--stop-after") + 1] == "200" and c[-2:] == ["--concurrency", "1,8"] for c in calls)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["reconstruct.tar.gz", "store_all.tar.gz"]
