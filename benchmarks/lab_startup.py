@@ -44,7 +44,6 @@ def phases(device: str, new_tokens: int):
         describe()
 
     def first_use():
-        import torch
         torch.zeros(1, device=device).add_(1).cpu()
 
     def load():

@@ -209,9 +209,9 @@ def _conv_route(stock):
         if RUNTIME is None or kwargs.get(adapter.NUM_ACCEPTED) is None:
             return stock(*args, **kwargs)
         layout = RUNTIME.serving(args[0].device).layout
-        ref = _tracing() and stock_conv_on_copies(stock, args, kwargs)
+        ref = stock_conv_on_copies(stock, args, kwargs) if _tracing() else None
         y = tree_vllm_conv(layout, *args, **kwargs)
-        if ref is not False:
+        if ref is not None:
             B = kwargs[adapter.CONV_SLOTS].shape[0]
             RUNTIME.trace.compare("conv", y, ref, spec_window_paths(B, layout, y.device))
         return y
@@ -219,6 +219,7 @@ def _conv_route(stock):
 
 
 def _tracing() -> bool:
+    """Whether this step's full windows are traced (TREEWY_TREE_TRACE, one of its first steps, no capture)."""
     return RUNTIME.trace is not None and RUNTIME.windows is not None and RUNTIME.trace.active
 
 
@@ -249,9 +250,9 @@ def _spec_route(stock, active_pools):
         if RUNTIME.mode == "reconstruct" and pools is None:
             return stock(*args, **kwargs)
         serving = RUNTIME.serving(kwargs["q"].device)
-        ref = _tracing() and pools is None and stock_spec_on_copies(stock, kwargs)
+        ref = stock_spec_on_copies(stock, kwargs) if _tracing() and pools is None else None
         out = tree_vllm_spec_update(serving, pools, **kwargs)
-        if ref is not False:
+        if ref is not None:
             B = kwargs["cu_seqlens"].shape[0] - 1
             RUNTIME.trace.compare("gdn", out[0][0], ref, spec_window_paths(B, serving.layout, ref.device))
         return out
@@ -316,7 +317,7 @@ def _sampler_forward(self, metadata, draft_probs, logits, sampling_metadata):
         at = torch.as_tensor(tree, device=dev)
         out[at], accepted[at] = acc.output_token_ids.to(torch.int32), acc.accepted
         RUNTIME.last_windows = (at, acc)
-        if RUNTIME.trace is not None and RUNTIME.trace.active and not RUNTIME.profiling:
+        if _tracing() and not RUNTIME.profiling:
             win = logits[torch.as_tensor(np.flatnonzero(np.isin(rows, tree)), device=dev)]
             RUNTIME.trace.sample(win.reshape(tree.size, N + 1, -1), draft, acc.accepted, out[at])
     plain = np.flatnonzero(np.asarray(counts) == 0)
@@ -459,7 +460,7 @@ def _attention_forward(stock):
             rows = windows.rows
         k_cache, v_cache = adapter.split_kv_cache(kv_cache, head)
         tree_window_attention(query, k_cache, v_cache, table, seq_lens, qsl, layout, scale, output, rows)
-        if windows is not None and RUNTIME.trace is not None and RUNTIME.trace.active:
+        if _tracing():
             ref = torch.zeros_like(output)   # vLLM's causal attention: equal on the leftmost paths
             stock(self, layer, query, key, value, kv_cache, attn_metadata, ref, *args, **kwargs)
             starts = qsl[:-1][: windows.num_reqs] if rows is None else qsl[rows]
