@@ -65,15 +65,17 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 
 from treewy.serve.launcher import ServeOptions, VLLMServer, build_command
 from treewy.serve.launcher_command import parse_tree
+from treewy.serve.launcher_process import STACKS_ENV
 from treewy.serve.metrics import parse_prometheus
 from treewy.tree import DraftTree
 
@@ -180,6 +182,48 @@ def complete(base_url: str, model: str, prompt: list[int], max_tokens: int) -> l
         return json.loads(r.read())["choices"][0]["token_ids"]
 
 
+#: Seconds without one answer after which a phase counts as stalled (a served request of the tiny checkpoint takes
+#: well under a second; run 4 of tree-tiny sat 100 s with 32 requests running and no token until its call's limit).
+STALL_S = 120.0
+
+
+class PhaseStalled(RuntimeError):
+    """A phase's requests stopped getting answers (the server is alive but serves no token)."""
+
+
+def run_requests(fn, items, concurrency: int, stall_s: float = STALL_S, on_stall=None) -> list:
+    """[fn(x) for x in items] on ``concurrency`` threads, in order. When no request is answered for ``stall_s``
+    seconds, ``on_stall()`` runs (say what the server is doing) and PhaseStalled is raised without waiting for the
+    threads, which end once the server is stopped; a request's own exception propagates."""
+    ex = ThreadPoolExecutor(concurrency)
+    futures = [ex.submit(fn, x) for x in items]
+    pending = set(futures)
+    try:
+        while pending:
+            done, pending = wait(pending, timeout=stall_s, return_when=FIRST_COMPLETED)
+            if not done:
+                note = on_stall() if on_stall is not None else None
+                raise PhaseStalled(f"{len(pending)} of {len(futures)} requests unanswered, none answered for "
+                                   f"{stall_s:g} s" + (f"; {note}" if note else ""))
+            for f in done:
+                f.result()      # the first failure stops the phase
+        return [f.result() for f in futures]
+    finally:
+        ex.shutdown(wait=False, cancel_futures=True)
+
+
+def stall_report(srv: VLLMServer) -> str:
+    """What a stalled server is doing: its processes' Python stacks go to its log (``dump_stacks``), and the GPU's
+    utilization tells a kernel that never ends (busy) from a host that waits (idle)."""
+    pids = srv.dump_stacks()
+    try:
+        util = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        util = "unknown"
+    return f"stacks of pids {pids} in the server log; GPU utilization {util or 'unknown'}"
+
+
 def kv_capacity(text: str) -> dict:
     out = {}
     if m := KV_LINES[0].search(text):
@@ -229,7 +273,7 @@ def serve_phases(model_dir: str, mode: str, prompts, new_tokens: int, out: Path,
     opts = ServeOptions(model=model_dir, mode=mode, tp=tp, gmu=gmu, num_speculative_tokens=3, max_num_seqs=max_num_seqs,
                         port=port, max_model_len=2048, served_model_name="tiny", extra_args=VLLM_026_ARGS + extra)
     argv, env = build_command(opts)
-    env = {**env, **ENV_026, **(extra_env or {})}
+    env = {**env, **ENV_026, **(extra_env or {}), STACKS_ENV: "1"}
     log_path = out / f"server_{tag}_{mode}.log"
     res = {"mode": mode, "tag": tag, "tp": tp, "argv": argv, "env": env, "phases": {}}
     t0 = time.time()
@@ -239,8 +283,8 @@ def serve_phases(model_dir: str, mode: str, prompts, new_tokens: int, out: Path,
         log(f"{tag} {mode}: healthy after {res['start_s']} s")
         for c in concurrencies:
             before, t1 = counters(opts.base_url), time.time()
-            with ThreadPoolExecutor(c) as ex:
-                outs = list(ex.map(lambda p: complete(opts.base_url, "tiny", p, new_tokens), prompts))
+            outs = run_requests(lambda p: complete(opts.base_url, "tiny", p, new_tokens), prompts, c,
+                                on_stall=lambda: stall_report(srv))
             res["phases"][f"c{c}"] = {"outputs": outs, "seconds": round(time.time() - t1, 2),
                                       "counters": delta(before, counters(opts.base_url))}
             log(f"{tag} {mode} c{c}: {res['phases'][f'c{c}']['seconds']} s, {res['phases'][f'c{c}']['counters']}")
@@ -642,6 +686,7 @@ def cmd_tree_tiny(args) -> int:
     from treewy.decode import generate
     from treewy.models import load
     from treewy.models.corpus import heldout_prompts
+    from treewy.ops.verify.tuning import pin_first_configs
     from treewy.serve.export import export_vllm
     from treewy.serve.tree_trace import TRACE_ENV, TRACE_STEPS_ENV
 
@@ -662,8 +707,17 @@ def cmd_tree_tiny(args) -> int:
     model = load("tiny", dtype=torch.float32, device="cuda")
     for tree in trees:
         for mode in args.modes:
-            ref = generate(model, prompts, drafter=args.drafter, tree=tree, commit=mode,
-                           max_new_tokens=args.new_tokens, **sampling)
+            # generate's verify kernels run their first config, as the served ones do (tree_vllm.install pins them),
+            # and none is timed: on a fresh machine 7 minutes went by before the first server started (2026-12-04,
+            # the first reference compiling its kernels; the timing line says how much the reference takes)
+            t0 = time.time()
+            pin_first_configs(True)
+            try:
+                ref = generate(model, prompts, drafter=args.drafter, tree=tree, commit=mode,
+                               max_new_tokens=args.new_tokens, **sampling)
+            finally:
+                pin_first_configs(False)
+            log(f"{mode} tree {tree}: generate's reference took {time.time() - t0:.1f} s")
             ref_tokens = [list(map(int, t)) for t in ref.tokens]
             opts = ServeOptions(model=model_dir, mode=mode, gmu=0.3, max_num_seqs=max(args.concurrency),
                                 port=args.port, max_model_len=2048, served_model_name="tiny", tree=tree,
@@ -677,19 +731,20 @@ def cmd_tree_tiny(args) -> int:
                 tag = f"{mode}_{'-'.join(map(str, tree))}"
                 trace = {TRACE_ENV: str((out / f"trace_{tag}.jsonl").resolve()),
                          TRACE_STEPS_ENV: str(args.trace)} if args.trace else {}
-                with VLLMServer(argv, {**env, **ENV_026, **env_extra, **trace}, opts.base_url,
+                with VLLMServer(argv, {**env, **ENV_026, **env_extra, **trace, STACKS_ENV: "1"}, opts.base_url,
                                 log_path=str(out / f"server_tree_{tag}.log"), echo=False) as srv:
                     srv.wait_healthy(timeout=900)
                     for c in args.concurrency:
                         before = counters(opts.base_url)
-                        with ThreadPoolExecutor(c) as ex:
-                            if sampled:
-                                outs = list(ex.map(lambda i: complete_seeded(
-                                    opts.base_url, "tiny", prompts[i], args.new_tokens, args.temperature,
-                                    args.seed + i), range(len(prompts))))
-                            else:
-                                outs = list(ex.map(lambda q: complete(opts.base_url, "tiny", q, args.new_tokens),
-                                                   prompts))
+                        if sampled:
+                            def ask(i):
+                                return complete_seeded(opts.base_url, "tiny", prompts[i], args.new_tokens,
+                                                       args.temperature, args.seed + i)
+                        else:
+                            def ask(i):
+                                return complete(opts.base_url, "tiny", prompts[i], args.new_tokens)
+                        outs = run_requests(ask, range(len(prompts)), c, args.stall_s,
+                                            on_stall=lambda: stall_report(srv))
                         phase = {"outputs": outs, "counters": delta(before, counters(opts.base_url))}
                         if sampled:
                             phase["depths"] = compare_depths(served_depth_counts(phase["counters"], len(tree)),
@@ -803,6 +858,9 @@ def main(argv=None) -> int:
                          "torch.compile (servers start in seconds); default: vLLM's own compile and graphs")
     tt.add_argument("--temperature", type=_temperature, default=0.0,
                     help="0: outputs equal to generate's; above 0: sampled, accepted depths compared statistically")
+    tt.add_argument("--stall-s", type=float, default=STALL_S, metavar="SECONDS",
+                    help="a phase with no answer for this long is stalled: the server's stacks go to its log, the "
+                         "run is recorded as failed and the next (tree, mode) starts")
     tt.add_argument("--trace", type=int, default=0, metavar="STEPS",
                     help="trace the first STEPS tree steps of each server against vLLM's own ops "
                          "(treewy.serve.tree_trace; needs --compile eager): trace_<mode>_<tree>.jsonl")

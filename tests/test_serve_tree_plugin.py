@@ -742,6 +742,27 @@ def test_the_trace_compares_the_leftmost_paths_with_vllms_ops_and_changes_nothin
         assert kw["initial_state"].shape[0] == idx.numel() + 1 and not kw["initial_state"][0].any()
 
 
+def test_the_trace_compares_the_conv_only_where_the_previous_node_is_on_the_leftmost_path(tmp_path):
+    """vLLM's chain conv reads the previous window's first num_accepted stashed inputs as a chain: a reference only
+    where the previous accepted node is one of 0..D (DFS order), so other windows are left out, and a step with none
+    records nulls."""
+    import json
+
+    from treewy.serve.tree_spec import TreeLayout
+    from treewy.serve.tree_trace import TreeTrace, spec_window_paths
+    layout = TreeLayout((2, 2, 1))       # 11 nodes, D = 3
+    assert spec_window_paths(3, layout, "cpu").tolist() == [0, 1, 2, 3, 11, 12, 13, 14, 22, 23, 24, 25]
+    rows = spec_window_paths(3, layout, "cpu", previous=torch.tensor([5, 3, -1]))
+    assert rows.tolist() == [11, 12, 13, 14, 22, 23, 24, 25]
+    trace = TreeTrace(str(tmp_path / "t.jsonl"), steps=1)
+    ours = torch.arange(33.0)[:, None]
+    trace.compare("conv", ours, ours + (torch.arange(33) < 11)[:, None], rows)     # window 0 differs: left out
+    trace.compare("conv", ours, ours, spec_window_paths(3, layout, "cpu", previous=torch.tensor([4, 9, 10])))
+    first, second = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert first["max_diff"] == 0.0 and first["max_ref"] == 25.0 and first["layer"] == 0
+    assert second["max_diff"] is None and second["max_ref"] is None and second["layer"] == 1
+
+
 def test_the_trace_names_a_bad_step_count():
     from treewy.serve.tree_trace import TreeTrace
     assert TreeTrace.from_env({}) is None

@@ -319,6 +319,23 @@ def test_tree_tiny_serves_every_tree_and_mode_and_reports_equal_lines(tmp_path, 
     argv, env = servers[0]
     assert json.loads(argv[argv.index("--speculative-config") + 1])["method"] == "ngram"
     assert env["TREEWY_TREE_DRAFTER"] == "ngram"
+    # a server that stops answering (run 4's reconstruct at c32): its stacks are asked for, its run is recorded as
+    # failed after --stall-s, and the next mode runs
+    import threading
+    hung, dumps = threading.Event(), []
+    Server.dump_stacks = lambda self: dumps.append(1) or [4242]
+    monkeypatch.setattr(mod.subprocess, "run", lambda *a, **k: types.SimpleNamespace(stdout="100 %\n"))
+    monkeypatch.setattr(mod, "complete", lambda url, m, p, n: hung.wait(30) and [7, 8]
+                        if servers[-1][1]["TREEWY_MODE"] == "reconstruct" else [7, 8])
+    servers.clear(), prompts_seen.clear()
+    assert mod.main(["tree-tiny", "--out", str(tmp_path), "--prompts", "3", "--trees", "2,2,1", "--modes",
+                     "reconstruct,store_all", "--concurrency", "1", "--stall-s", "0.2"]) == 1
+    hung.set()
+    lines = (tmp_path / "tree_tiny.txt").read_text().splitlines()
+    assert lines[1] == ("reconstruct tree (2, 2, 1) mtp: FAILED (PhaseStalled: 3 of 3 requests unanswered, none "
+                        "answered for 0.2 s; stacks of pids [4242] in the server log; GPU utilization 100 %)")
+    assert lines[2].startswith("store_all tree (2, 2, 1) mtp c1: 3/3 equal") and dumps == [1]
+    assert all(env["TREEWY_STACKS"] == "1" for _, env in servers)
 
 
 def test_sweep_resumes_from_a_carried_folder_and_packs_its_results(tmp_path, monkeypatch, bench_script):
@@ -413,3 +430,62 @@ def test_sweep_serves_a_tree_with_the_papers_table_2_acceptance_per_depth(tmp_pa
     _, env = build_command(cfg.server)
     rates = [float(x) for x in env["TREEWY_TREE_RATES"].split(",")]
     assert rates == pytest.approx(geometric_acceptance_rates(ACCEPTANCE[(2, 2, 1)], 3))
+
+
+def test_run_requests_answers_in_order_and_raises_a_requests_own_error(bench_script):
+    gpu = bench_script("vllm_serve_gpu")
+    assert gpu.run_requests(lambda x: x * x, range(7), 3) == [x * x for x in range(7)]
+
+    def fail(x):
+        if x == 4:
+            raise ConnectionError("request 4")
+        return x
+    with pytest.raises(ConnectionError, match="request 4"):
+        gpu.run_requests(fail, range(6), 2)
+
+
+def test_run_requests_calls_a_phase_stalled_without_waiting_for_the_threads(bench_script):
+    """A server that stops answering (tree-tiny's run 4 sat 100 s until its call's limit) ends the phase after
+    stall_s without an answer: on_stall says why, and the hung requests are left to the server's stop."""
+    import threading
+    import time
+    gpu = bench_script("vllm_serve_gpu")
+    release, seen = threading.Event(), []
+
+    def answer(x):
+        if x >= 3:
+            release.wait(30)
+        return x
+    t0 = time.monotonic()
+    with pytest.raises(gpu.PhaseStalled, match=r"5 of 8 requests unanswered, none answered for 0.3 s; busy"):
+        gpu.run_requests(answer, range(8), 4, stall_s=0.3, on_stall=lambda: seen.append(1) or "busy")
+    assert seen == [1] and time.monotonic() - t0 < 5
+    release.set()
+
+
+def test_a_stalled_servers_processes_write_their_stacks_to_its_log(tmp_path, monkeypatch):
+    """VLLMServer.dump_stacks signals the server's process group; a process that ran the plugin's register() with
+    TREEWY_STACKS=1 writes every thread's Python stack to the log (the dump of a stalled tree server)."""
+    import faulthandler
+    import sys
+    import time
+
+    from treewy.serve import launcher_process as lp
+    from treewy.serve import plugin
+    monkeypatch.setenv(lp.STACKS_ENV, "1")
+    plugin.register()
+    assert faulthandler.unregister(lp.STACKS_SIGNAL)      # it was registered
+    code = ("import time\nfrom treewy.serve import plugin\nplugin.register()\nprint('ready', flush=True)\n"
+            "def waiting_for_the_gpu():\n    time.sleep(60)\nwaiting_for_the_gpu()\n")
+    log = tmp_path / "server.log"
+    srv = lp.VLLMServer([sys.executable, "-c", code], {lp.STACKS_ENV: "1"}, "http://127.0.0.1:1",
+                        log_path=str(log), echo=False).start()
+    try:
+        for _ in range(200):
+            if log.exists() and "ready" in log.read_text():
+                break
+            time.sleep(0.05)
+        assert srv.dump_stacks(settle=1.0) == [srv.proc.pid]
+        assert srv.alive and "in waiting_for_the_gpu" in log.read_text()
+    finally:
+        srv.stop(grace=2)

@@ -21,6 +21,8 @@ from treewy.serve.launcher_command import ServeError
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+#: The signal on which a server's processes write their Python stacks (``treewy.serve.plugin.register``).
+STACKS_SIGNAL, STACKS_ENV = signal.SIGUSR2, "TREEWY_STACKS"
 
 
 def _parent_death_signal():
@@ -165,6 +167,22 @@ class VLLMServer:
             time.sleep(poll)
         raise ServeError(f"vLLM did not answer {self.base_url}/health within {timeout:.0f} s; last log lines:\n"
                          + self.last_log())
+
+    def dump_stacks(self, settle: float = 3.0) -> list[int]:
+        """Ask every process of the server's group for its Python stacks (``STACKS_SIGNAL``: the plugin has each
+        process that loads it with ``TREEWY_STACKS=1`` in its environment write all threads' stacks to its log).
+        Returns the pids signalled. For a stalled server just before it is stopped: a process of the group that did
+        not load the plugin ends on the signal."""
+        if not self.alive:
+            return []
+        pids = group_members(self.proc.pid)
+        for pid in pids:
+            try:
+                os.kill(pid, STACKS_SIGNAL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(settle)    # the dumps reach the log through the reader thread
+        return pids
 
     def last_log(self, n: int = 15) -> str:
         return "\n".join(list(self.tail)[-n:]) or "(no output)"

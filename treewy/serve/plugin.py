@@ -29,11 +29,13 @@ reads goes through ``vllm_adapter``, one constant or function per name, which ``
 from __future__ import annotations
 
 import contextvars
+import faulthandler
 import os
 
 from treewy.memory import check_tp
 from treewy.serve import fp32_prefill
 from treewy.serve import vllm_adapter as adapter
+from treewy.serve.launcher_process import STACKS_ENV, STACKS_SIGNAL
 from treewy.serve.reconstruct import ReconstructPools, flush_slots, stash_layout, vllm_spec_update
 
 _PATCHED = "_treewy_reconstruct_patched"
@@ -92,6 +94,8 @@ def page_layout(stock_shapes, stock_dtypes, *, tp: int, num_k_heads: int, num_v_
 
 def register() -> None:
     """vLLM general-plugin entry point; re-entrant (vLLM may call it several times per process)."""
+    if os.environ.get(STACKS_ENV) == "1":   # a stalled server's diagnosis: VLLMServer.dump_stacks
+        faulthandler.register(STACKS_SIGNAL, all_threads=True)
     if fp32_prefill.requested():  # either mode: the fp32 equality check (see fp32_prefill)
         fp32_prefill.install()
     tree = requested_tree()

@@ -9,7 +9,8 @@ num_computed + j there). One JSON line per record, appended to FILE:
 - ``{"op": "inputs", ...}``: the windows' requests, positions (first M-RoPE row) and input ids;
 - ``{"op": "attention" | "conv" | "gdn", "layer": i, "max_diff": ..., "max_ref": ...}``: the largest difference on
   the leftmost paths between the tree's op and vLLM's, and the largest magnitude of vLLM's (``gdn``: store-all only;
-  reconstruct's pools hold no state vLLM's kernel can read);
+  reconstruct's pools hold no state vLLM's kernel can read; ``conv``: only windows whose previous accepted node is
+  on the leftmost path, both null when there is none);
 - ``{"op": "sample", ...}``: per window the argmax of every node's logits, the drafts, the accepted node and the
   tokens the sampler hands vLLM.
 
@@ -69,6 +70,9 @@ class TreeTrace:
         """ours, ref [rows, ...]: one op's output, the tree's and vLLM's; path_rows: the leftmost paths' rows."""
         layer = self.calls.get(op, 0)
         self.calls[op] = layer + 1
+        if path_rows.numel() == 0:   # no window where vLLM's op is a reference (see spec_window_paths)
+            self.write(op=op, layer=layer, max_diff=None, max_ref=None)
+            return
         a, b = ours[path_rows].float(), ref[path_rows].float()
         self.write(op=op, layer=layer, max_diff=(a - b).abs().max().item(), max_ref=b.abs().max().item())
 
@@ -83,9 +87,15 @@ def leftmost_path_rows(starts: torch.Tensor, max_depth: int) -> torch.Tensor:
     return (starts.long()[:, None] + torch.arange(max_depth + 1, device=starts.device)[None]).reshape(-1)
 
 
-def spec_window_paths(B: int, layout, device) -> torch.Tensor:
-    """The leftmost paths' rows among a GDN layer's spec rows (B windows of the TreeLayout's nodes packed first)."""
-    return leftmost_path_rows(torch.arange(B, device=device) * layout.num_nodes, layout.max_depth)
+def spec_window_paths(B: int, layout, device, previous: torch.Tensor | None = None) -> torch.Tensor:
+    """The leftmost paths' rows among a GDN layer's spec rows (B windows of the TreeLayout's nodes packed first).
+    previous [B]: each window's previous accepted node; windows whose node is off the leftmost path (> D) are left
+    out, since vLLM's chain ops read the previous window's first num_accepted stashed inputs as a chain, which they
+    are only along that path (2026-12-04: the conv parted by up to 0.35 there while every token was right)."""
+    starts = torch.arange(B, device=device) * layout.num_nodes
+    if previous is not None:
+        starts = starts[previous[:B].to(device) <= layout.max_depth]
+    return leftmost_path_rows(starts, layout.max_depth)
 
 
 def _with_null_block(blocks: torch.Tensor) -> torch.Tensor:

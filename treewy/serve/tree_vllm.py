@@ -213,7 +213,8 @@ def _conv_route(stock):
         y = tree_vllm_conv(layout, *args, **kwargs)
         if ref is not None:
             B = kwargs[adapter.CONV_SLOTS].shape[0]
-            RUNTIME.trace.compare("conv", y, ref, spec_window_paths(B, layout, y.device))
+            previous = kwargs[adapter.NUM_ACCEPTED] - 1
+            RUNTIME.trace.compare("conv", y, ref, spec_window_paths(B, layout, y.device, previous))
         return y
     return conv_update
 
