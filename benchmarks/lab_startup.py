@@ -14,11 +14,14 @@ lab_startup.json and lab_startup.txt (device, date, versions, seconds per phase)
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime
 import importlib
+import io
 import json
 import os
 import platform
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -69,6 +72,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT"), help="output folder (default: $OUT)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--new-tokens", type=int, default=48, help="tokens per decode (the notebook's 48)")
+    ap.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
+                    help="run every phase under cProfile (its times then include the profiler's) and write, for each "
+                         "phase at least this long, its top functions by cumulative time to lab_startup_profile.txt")
     args = ap.parse_args(argv)
     if not args.out:
         ap.error("--out: give an output folder (or set $OUT)")
@@ -79,11 +85,18 @@ def main(argv=None) -> int:
     os.environ["TREEWY_DEVICE"] = args.device
     t_start = time.perf_counter()
     rows = []
+    profiles = []
     for name, thunk in phases(args.device, args.new_tokens):
+        prof = cProfile.Profile() if args.profile else None
         t0 = time.perf_counter()
-        thunk()
+        if prof:
+            prof.runcall(thunk)
+        else:
+            thunk()
         rows.append({"phase": name, "seconds": round(time.perf_counter() - t0, 3)})
         print(f"{rows[-1]['seconds']:8.3f} s  {name}", flush=True)
+        if prof and rows[-1]["seconds"] >= args.profile:
+            profiles.append(f"== {name}: {rows[-1]['seconds']:.3f} s (profiled)\n{top_functions(prof)}")
     import torch
 
     from benchmarks.run_notebooks_gpu import versions
@@ -97,7 +110,21 @@ def main(argv=None) -> int:
     lines = [head, f"notebook 04's first two cells in a new process, phase by phase ({args.new_tokens} tokens per decode)",
              *(f"{r['seconds']:8.3f} s  {r['phase']}" for r in rows), f"{report['total_s']:8.3f} s  in all"]
     (out / "lab_startup.txt").write_text("\n".join(lines) + "\n")
+    if args.profile:
+        (out / "lab_startup_profile.txt").write_text(f"{head}\n\n" + "\n".join(profiles))
     return 0
+
+
+#: Frames every phase passes through (the import machinery, exec, this script): left out of the tables.
+PLUMBING = r"^(?!.*(<frozen importlib|built-in method builtins\.(exec|__import__)|importlib/__init__|lab_startup\.py))"
+
+
+def top_functions(prof: cProfile.Profile, n: int = 30) -> str:
+    """The profile's n functions of largest cumulative time (pstats' table), the import plumbing left out."""
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(PLUMBING, n)
+    return "\n".join(line for line in text.getvalue().strip().splitlines()
+                     if not line.strip().startswith("List reduced")) + "\n"
 
 
 if __name__ == "__main__":

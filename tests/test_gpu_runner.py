@@ -44,7 +44,8 @@ def test_lab_startup_times_notebook_04s_first_cells_phase_by_phase_in_a_new_proc
     from benchmarks import lab_startup
 
     run = subprocess.run([sys.executable, "-m", "benchmarks.lab_startup", "--device", "cpu", "--new-tokens", "2",
-                          "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          "--out", str(tmp_path), "--profile", "0.3"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
     assert run.returncode == 0, run.stderr
     report = json.loads((tmp_path / "lab_startup.json").read_text())
     names = [r["phase"] for r in report["phases"]]
@@ -55,5 +56,11 @@ def test_lab_startup_times_notebook_04s_first_cells_phase_by_phase_in_a_new_proc
         r["seconds"] for r in report["phases"]) - 0.01
     assert report["device"].startswith("CPU") and report["new_tokens"] == 2
     assert (tmp_path / "lab_startup.txt").read_text().splitlines()[-1].endswith("in all")
+    # --profile: the phases of at least 0.3 s with their top functions, the import plumbing left out
+    profile = (tmp_path / "lab_startup_profile.txt").read_text()
+    slow = [r["phase"] for r in report["phases"] if r["seconds"] >= 0.3]
+    assert 'load("tiny")' in slow and [line[3:].split(":")[0] for line in profile.splitlines()
+                                        if line.startswith("== ")] == slow
+    assert "treewy/models/__init__.py" in profile and "<frozen importlib" not in profile
     with pytest.raises(SystemExit):
         lab_startup.main(["--device", "cpu", "--out", str(tmp_path)])
