@@ -47,9 +47,9 @@ _PINNED = False
 def pin_first_configs(pinned: bool = True) -> None:
     """For a serving engine: every autotuned verify kernel runs the first config its pruning keeps, untimed, at every
     shape, as inside a capture. There the state pool is the engine's whole cache: timing a config restores it
-    (``restore_value``) and every new batch bucket compiles every config while requests wait. A served tree's
-    reconstruct server, whose tree kernels autotuned, emitted nothing for over 100 s at 32 requests on the H200
-    (2026-12-04, ``benchmarks/results/tree_tiny_h200_2026-12-02/``); its chains already run a pinned config."""
+    (``restore_value``) and every new batch bucket compiles every config while requests wait; a served chain already
+    runs a pinned config. (A served tree's reconstruct server stalled at 32 requests on the H200 with its tree
+    kernels autotuning, and again with them pinned: ``benchmarks/results/tree_tiny_h200_2026-12-02/``.)"""
     global _PINNED
     _PINNED = pinned
 
