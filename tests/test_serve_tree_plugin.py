@@ -71,6 +71,39 @@ def test_synthetic_acceptance_goes_through_the_tree_sampler():
     assert got.output_token_ids.shape == (B, serving.layout.max_depth + 1)
 
 
+def test_the_reconstruct_spec_steps_kernel_path_equals_its_references():
+    """tree_spec_update on the pools in place (the verify kernel with the pending fold and state indices, what a
+    GPU runs; here under the Triton interpreter) against its torch references over the requests' rows: two steps of
+    three windows on shuffled slots beside a padded row (slot 0), the second folding nodes off the leftmost path.
+    The kernel path once read the pending parents of requests past the first beyond the topology tensor's end (a
+    served (2, 2, 1) tree hung at 32 requests on the H200, 2026-12-04)."""
+    from treewy.serve.reconstruct import ReconstructPools
+    from treewy.testing import rel_err
+    gen = torch.Generator().manual_seed(3)
+    widths, H, HV, K, V, n_slots = (2, 2, 1), 1, 2, 16, 16, 8
+    serving = hooks.TreeServing(widths, "reconstruct", n_slots)
+    T = serving.layout.num_nodes
+    slots = torch.tensor([[6], [2], [5], [0]])                        # the fourth: a CUDA graph's padding row
+    B = slots.shape[0]
+    pools = ReconstructPools.empty(n_slots, H=H, HV=HV, K=K, V=V, max_nodes=T)
+    pools.state.copy_(torch.randn(pools.state.shape, generator=gen) * 0.3)
+    runs = {True: pools, False: ReconstructPools(*(x.clone() for x in (pools.state, pools.u, pools.k, pools.g,
+                                                                       pools.meta)))}
+    for step, accepted in enumerate((None, torch.tensor([5, 9, 10, 0]))):
+        kw = dict(A_log=torch.randn(HV, generator=gen), a=torch.randn(B * T, HV, generator=gen),
+                  b=torch.randn(B * T, HV, generator=gen), dt_bias=torch.randn(HV, generator=gen),
+                  q=torch.randn(1, B * T, H, K, generator=gen), k=torch.randn(1, B * T, H, K, generator=gen),
+                  v=torch.randn(1, B * T, HV, V, generator=gen), cu_seqlens=torch.arange(B + 1) * T,
+                  ssm_state_indices=slots, accepted=accepted)
+        outs = {kernels: hooks.tree_spec_update(runs[kernels], serving, kernels=kernels, **kw)[0]
+                for kernels in (True, False)}
+        live = slice(0, (B - 1) * T)                                   # the padding row's outputs are nobody's
+        errs = {"outputs": rel_err(outs[True][:, live], outs[False][:, live])}
+        errs.update({name: rel_err(getattr(runs[True], name)[slots[:3, 0]], getattr(runs[False], name)[slots[:3, 0]])
+                     for name in ("state", "u", "k", "g")})
+        assert max(errs.values()) < 1e-5, (step, errs)
+
+
 def test_tree_from_env():
     assert hooks.tree_from_env({}) is None
     assert hooks.tree_from_env({"TREEWY_TREE": "2,2,1"}) == ((2, 2, 1), None)

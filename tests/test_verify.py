@@ -245,6 +245,34 @@ def test_path_kernels_fold_paths_longer_than_fold_pad(kernel, widths):
     close_step(o, u, state, *step_refs(w, S, new, pend), o_tf32=output_tf32(kernel))
 
 
+@pytest.mark.parametrize("kernel", ["dense", "path", "path_split"])
+def test_the_launcher_reads_pending_parents_expanded_from_one_tree(kernel):
+    """A served tree hands the launcher its one topology as parents [T] expanded to [B, T] (batch stride 0): every
+    request folds along it. Here the expanded row sits on top of rows holding a chain, which a launcher reading rows
+    T apart (as it did until 2026-12-04, past the tensor's end when it is [T] alone) would fold along for requests
+    1 and 2."""
+    gen = torch.Generator().manual_seed(11)
+    B, H, HV, K, V = 3, 1, 2, 16, 16
+    tree = DraftTree.from_widths((2, 2, 1)).parents
+    S, pend, w, _, _ = case_step(B, H, HV, K, V, tree, tree, gen)
+    T = tree.shape[-1]
+    rows = torch.stack([tree.to(torch.int32), *[torch.arange(-1, T - 1, dtype=torch.int32)] * 2]).to(DEVICE)
+    acc = torch.tensor([5, 9, 10], device=DEVICE, dtype=torch.int32)   # nodes off the leftmost path
+    outs = []
+    for par in (tree.to(DEVICE, torch.int32), rows[:1].expand(B, -1)):
+        state = S.clone()
+        o, u = tree_verify_fwd(*w, state, tree.to(DEVICE, torch.int32), 0, K ** -0.5, kernel=kernel,
+                               pending=PendingCommit(pend.u, pend.k, pend.g, par, acc))
+        outs.append((o, u, state))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    close_step(*outs[0], *step_refs(w, S, tree, PendingCommit(pend.u, pend.k, pend.g, tree, acc)),
+               o_tf32=output_tf32(kernel))
+    with pytest.raises(ValueError, match="pending.parents with strides .* not contiguous in its last dim"):
+        tree_verify_fwd(*w, S.clone(), tree.to(DEVICE, torch.int32), 0, K ** -0.5, kernel=kernel,
+                        pending=PendingCommit(pend.u, pend.k, pend.g, rows.t().contiguous().t()[:, :T], acc))
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_every_kernel_honours_num_nodes_and_bf16_state(kernel):
     """Windows cut short per request (0 = idle slot: zeros), the state stored in bf16 (rounded once, verified

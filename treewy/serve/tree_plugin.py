@@ -201,19 +201,22 @@ def _accepted(serving: TreeServing, slots: torch.Tensor, accepted) -> torch.Tens
 
 
 def tree_spec_update(pools: ReconstructPools, serving: TreeServing, *, A_log, a, b, dt_bias, q, k, v, cu_seqlens,
-                     ssm_state_indices, use_qk_l2norm_in_kernel=True, accepted=None, **_) -> tuple[torch.Tensor, None]:
+                     ssm_state_indices, use_qk_l2norm_in_kernel=True, accepted=None, kernels: bool | None = None,
+                     **_) -> tuple[torch.Tensor, None]:
     """Reconstruct: stands in for vLLM's spec kernel (its keywords, ``vllm_adapter.SPEC_UPDATE_PARAMS``) on a tree
     window. Per request, its one slot (column 0 of ssm_state_indices): the previous window's accepted node is folded
     from the slot's stash into the state (``pending_commit``), the tree is verified from it, and the window's u, k, g
     replace the stash. ``accepted`` int [B]: that node per request (-1: nothing pending); None: read from
-    ``serving.slot_accepted``. Returns (o [1, B * T, HV, V], None)."""
+    ``serving.slot_accepted``. ``kernels``: the verify kernel on the pools in place (None: on CUDA; on a CPU it runs
+    under the Triton interpreter) or the torch references over the requests' rows. Returns (o [1, B * T, HV, V],
+    None)."""
     lay = serving.layout
     B, T = cu_seqlens.shape[0] - 1, lay.num_nodes
     slots = ssm_state_indices[:B, 0].long()
     qw, kw, vw, g, beta = _window_inputs(q, k, v, A_log, a, b, dt_bias, B, T, use_qk_l2norm_in_kernel)
     acc = _accepted(serving, slots, accepted)
     pk, pg = pools.k[:, 0], pools.g[:, 0]      # a tree's window lives in the stash's half 0 (tree_vllm's meta word)
-    if q.is_cuda:   # the pools in place: one launch, the fold inside the verify
+    if q.is_cuda if kernels is None else kernels:   # the pools in place: one launch, the fold inside the verify
         from treewy.ops.verify.kernel import tree_verify_fwd
         pend = PendingCommit(pools.u, pk, pg, lay.parents32[None].expand(B, -1), acc, False)
         o, u = tree_verify_fwd(qw, kw, vw, g, beta, pools.state, lay.parents32, 0, kw.shape[-1] ** -0.5,

@@ -112,4 +112,12 @@ def pending_args(pending, placeholder):
         return placeholder, placeholder, placeholder, placeholder, placeholder, 1, 0, False, (0, 0, 0)
     pu, pk, pg, ppar, pacc, pl2 = unpack(pending)
     PT = pu.shape[1]
-    return pu, pk, pg, ppar, pacc, PT, 0 if ppar.ndim == 1 else PT, pl2, (pu.stride(0), pk.stride(0), pg.stride(0))
+    if ppar.shape[-1] > 1 and ppar.stride(-1) != 1:
+        raise ValueError(f"pending.parents with strides {ppar.stride()} is not contiguous in its last dim: pass "
+                         "parents [T] or a view of rows with unit stride, e.g. parents.contiguous()")
+    # the parents' own batch stride: 0 for [T] and for [T] expanded to [B, T] (a served tree's one topology), whose
+    # rows past the first are no memory of their own. Read as rows PT apart, they were read past the tensor, and a
+    # pending fold walking such "parents" can loop forever (it did under the interpreter, 2026-12-04): the likely
+    # cause of a reconstruct tree server's stall at 32 requests on the H200 that day, not rerun yet
+    return pu, pk, pg, ppar, pacc, PT, 0 if ppar.ndim == 1 else ppar.stride(0), pl2, (
+        pu.stride(0), pk.stride(0), pg.stride(0))
