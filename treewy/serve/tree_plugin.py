@@ -218,7 +218,7 @@ def tree_spec_update(pools: ReconstructPools, serving: TreeServing, *, A_log, a,
     pk, pg = pools.k[:, 0], pools.g[:, 0]      # a tree's window lives in the stash's half 0 (tree_vllm's meta word)
     if q.is_cuda if kernels is None else kernels:   # the pools in place: one launch, the fold inside the verify
         from treewy.ops.verify.kernel import tree_verify_fwd
-        pend = PendingCommit(pools.u, pk, pg, lay.parents32[None].expand(B, -1), acc, False)
+        pend = PendingCommit(pools.u, pk, pg, lay.parents32, acc, False)   # one topology: [T], batch stride 0
         o, u = tree_verify_fwd(qw, kw, vw, g, beta, pools.state, lay.parents32, 0, kw.shape[-1] ** -0.5,
                                pending=pend, state_indices=slots.to(torch.int32), max_depth=lay.max_depth)
     else:           # the references over the requests' rows, written back
