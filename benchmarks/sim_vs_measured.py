@@ -72,15 +72,18 @@ LONG_STEPS_MIN_CONCURRENCY = 8
 LONG_STEPS_MIN_COUNT = 5
 
 
-def long_step_means(rows, results: Path, slow_ms: float = 100.0) -> dict[int, float]:
+def long_step_means(rows, results, slow_ms: float = 100.0) -> dict[int, float]:
     """{row index: the mean ms of the engine's steps longer than ``slow_ms``} for the rows whose point has its vllm
-    bench serve record in ``results`` and prices the eager step (``LONG_STEPS_MIN_*``)."""
+    bench serve record in ``results`` and prices the eager step (``LONG_STEPS_MIN_*``). ``results``: one folder, or
+    {gmu: folder} for rows of several sweeps (a record's name does not say its gmu)."""
     from benchmarks.itl_gaps import load_record, stalls_row
     from benchmarks.long_steps_vs_sim import result_file
 
     out = {}
     for i, r in enumerate(rows):
-        path = result_file(results, r) if r["concurrency"] >= LONG_STEPS_MIN_CONCURRENCY else None
+        folder = results.get(r["gmu"]) if isinstance(results, dict) else results
+        path = (result_file(Path(folder), r) if folder is not None and r["concurrency"] >= LONG_STEPS_MIN_CONCURRENCY
+                else None)
         if path is None:
             continue
         st = stalls_row(load_record(path), slow_ms / 1e3)
@@ -210,27 +213,47 @@ def decode_bound(row, token_budget: int) -> bool:
     return admitted_at_once(row) and wave * w.input_len <= token_budget
 
 
+def long_step_folders(specs: list[str]) -> Path | dict[float, Path]:
+    """``--long-steps``' values: one folder for every row, or GMU=FOLDER per sweep."""
+    if len(specs) == 1 and "=" not in specs[0]:
+        return Path(specs[0])
+    out = {}
+    for spec in specs:
+        gmu, sep, folder = spec.partition("=")
+        try:
+            out[float(gmu)] = Path(folder)
+        except ValueError:
+            sep = ""
+        if not sep or not folder:
+            raise SystemExit(f"--long-steps {spec!r}: with several sweeps give GMU=FOLDER each, e.g. "
+                             "0.6=benchmarks/results/serve35b_h200_gmu0.6_2026-12-02/results")
+    return out
+
+
 def main(argv=None) -> int:
     import polars as pl
 
     from treewy.memory import ServerConfig
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("measured")
+    ap.add_argument("measured", nargs="+", help="measured serving tables (treewy.schema), fitted together")
     ap.add_argument("--gpu", required=True, help="the simulator's GPU key for the measured device (h200, ...)")
     ap.add_argument("--out")
     ap.add_argument("--bench-dir", help="a folder holding the sweep's `vllm bench serve` results "
                     "(<workload>-<mode>-c<N>.json, searched recursively): adds their median and spread of TTFT")
     ap.add_argument("--fit-name", help="also write the fitted ServerConfig into the server fits table under this "
                     "name (treewy.sim.calibrated.fitted(NAME) reads it)")
-    ap.add_argument("--long-steps", metavar="RESULTS", help="price the eager step from the measured long steps "
-                    "(vllm bench serve's records in RESULTS: long_step_means) instead of the queued points' TPOT")
+    ap.add_argument("--long-steps", metavar="RESULTS", nargs="+", help="price the eager step from the measured long "
+                    "steps (vllm bench serve's records in RESULTS: long_step_means) instead of the queued points' "
+                    "TPOT; with tables of several gmu, GMU=RESULTS per sweep")
     args = ap.parse_args(argv)
-    meas = pl.read_parquet(args.measured).filter(pl.col("error").is_null(), pl.col("concurrency").is_not_null())
+    meas = pl.concat([pl.read_parquet(m) for m in args.measured], how="diagonal_relaxed").filter(
+        pl.col("error").is_null(), pl.col("concurrency").is_not_null(), ~pl.col("simulated"))
     rows = list(meas.iter_rows(named=True))
     seqs = {r["max_num_seqs"] for r in rows}
     if len(seqs) != 1 or None in seqs:
-        raise SystemExit(f"{args.measured}: expected one known max_num_seqs, found {seqs}")
+        raise SystemExit(f"{', '.join(args.measured)}: expected one known max_num_seqs, found {seqs}")
+    gmus = sorted({r["gmu"] for r in rows})
     assumed = ServerConfig(max_num_seqs=seqs.pop())
     first = simulate_like(rows, args.gpu, assumed)
     fit = [i for i, r in enumerate(rows) if decode_bound(r, assumed.max_num_batched_tokens)]
@@ -240,10 +263,13 @@ def main(argv=None) -> int:
                                  host_per_request_s=b * 1e-3, graph_max_tokens=top, graphs_decode_only=True)
     queued = [r for i, r in enumerate(rows) if i not in fit]
     if args.long_steps:
-        means = long_step_means(rows, Path(args.long_steps))
+        folders = long_step_folders(args.long_steps)
+        if isinstance(folders, dict) and set(folders) != set(gmus):
+            raise SystemExit(f"--long-steps names gmu {sorted(folders)}; the tables hold gmu {gmus}: one folder each")
+        means = long_step_means(rows, folders)
         if not means:
-            raise SystemExit(f"--long-steps {args.long_steps}: no point there with {LONG_STEPS_MIN_COUNT} or more "
-                             f"long steps at {LONG_STEPS_MIN_CONCURRENCY} or more requests")
+            raise SystemExit(f"--long-steps {' '.join(args.long_steps)}: no point there with {LONG_STEPS_MIN_COUNT} "
+                             f"or more long steps at {LONG_STEPS_MIN_CONCURRENCY} or more requests")
 
         def eager_fit(server):
             return fit_eager_to_long_steps(rows, means, args.gpu, server)
@@ -264,8 +290,9 @@ def main(argv=None) -> int:
     second = simulate_like(rows, args.gpu, fitted)
     before = simulate_like(rows, args.gpu, tpot_only)
     r0 = rows[0]
-    lines = [f"Simulator vs measured: {r0['model']}, {r0['device']} ({r0['date']}, measured) vs '{args.gpu}' (SIMULATED), "
-             f"gmu {r0['gmu']}, tp {r0['tp']}, max_num_seqs {assumed.max_num_seqs}, weights {r0['weights']}",
+    lines = [f"Simulator vs measured: {r0['model']}, {r0['device']} (measured) vs '{args.gpu}' (SIMULATED), "
+             f"gmu {', '.join(map(str, gmus))}, tp {r0['tp']}, max_num_seqs {assumed.max_num_seqs}, "
+             f"weights {r0['weights']}; measured on {', '.join(sorted({str(r['date']) for r in rows}))}",
              f"fit over the {len(fit)} points whose whole wave ran at once and whose prompts fit one step's "
              f"{assumed.max_num_batched_tokens} tokens (decode steps only; in the others requests queue, or decode "
              "through prefill chunks): "
@@ -282,25 +309,28 @@ def main(argv=None) -> int:
              "columns: measured / simulated with assumed fixed costs / simulated with fitted fixed costs; "
              "* = in the fit",
              "",
-             f"{'workload':18s} {'mode':11s} {'conc':>4s} | {'running':>14s} | {'KV usage':>17s} | {'TPOT ms':>17s} | "
-             f"{'output tok/s':>20s} | {'p99 TTFT ms':>23s}"]
+             f"{'gmu':>4s} {'workload':18s} {'mode':11s} {'conc':>4s} | {'running':>14s} | {'KV usage':>17s} | "
+             f"{'TPOT ms':>17s} | {'output tok/s':>20s} | {'p99 TTFT ms':>23s}"]
     for i, (r, s0, s1) in enumerate(zip(rows, first, second)):
         f = lambda k, fmt: "/".join(format(x[k], fmt) for x in (r, s0, s1))  # noqa: E731
-        lines.append(f"{r['workload']:18s} {r['mode']:11s} {r['concurrency']:4d}{'*' if i in fit else ' '}| "
+        lines.append(f"{r['gmu']:4.2f} {r['workload']:18s} {r['mode']:11s} {r['concurrency']:4d}"
+                     f"{'*' if i in fit else ' '}| "
                      f"{f('peak_running', 'd'):>14s} | "
                      f"{f('peak_kv_usage', '.2f'):>17s} | {f('mean_tpot_ms', '.1f'):>17s} | "
                      f"{f('output_throughput', '.0f'):>20s} | {f('p99_ttft_ms', '.0f'):>23s}")
     lines += ["", "time to first token, ms: measured / SIMULATED with the TPOT fit's fixed costs alone / SIMULATED with the "
               "prefill costs too (the fitted server); c = clean, in the prefill fit; otherwise why not", "",
-              f"{'workload':18s} {'mode':11s} {'conc':>4s} | {'requests':>8s} | {'mean TTFT ms':>26s} | "
+              f"{'gmu':>4s} {'workload':18s} {'mode':11s} {'conc':>4s} | {'requests':>8s} | {'mean TTFT ms':>26s} | "
               f"{'p99 TTFT ms':>26s} | {'p99 measured / after':>20s}"]
+    if args.bench_dir and len(gmus) > 1:
+        raise SystemExit("--bench-dir: its records do not say their gmu; give it with one gmu's tables")
     bench = bench_ttft(args.bench_dir) if args.bench_dir else {}
     if bench:
         lines[-1] += f" | {'measured median / std TTFT ms':>30s}"
     for r, b, a in zip(rows, before, second):
         f = lambda k: "/".join(format(x[k], ".0f") for x in (r, b, a))  # noqa: E731
         why = ttft_clean(r)
-        line = (f"{r['workload']:18s} {r['mode']:11s} {r['concurrency']:4d}{' ' if why else 'c'}| "
+        line = (f"{r['gmu']:4.2f} {r['workload']:18s} {r['mode']:11s} {r['concurrency']:4d}{' ' if why else 'c'}| "
                 f"{r['completed'] + (r['failed'] or 0):8d} | {f('mean_ttft_ms'):>26s} | {f('p99_ttft_ms'):>26s} | "
                 f"{r['p99_ttft_ms'] / a['p99_ttft_ms']:20.2f}")
         if bench:
@@ -323,16 +353,19 @@ FIT_FIELDS = ("max_num_seqs", "host_overhead_s", "host_per_request_s", "graph_ma
               "eager_step_s", "prefill_request_s", "prefill_token_s")
 
 
-def fit_entry(server, rows, measured: str, n_fit: int, n_clean: int, report: str | None, eager_on: str) -> dict:
+def fit_entry(server, rows, measured: str | list[str], n_fit: int, n_clean: int, report: str | None,
+              eager_on: str) -> dict:
     """The server fits table's entry for a fit: the ServerConfig, where and how it was measured and fitted."""
     r0 = rows[0]
     graphs = f"decode-only full CUDA graphs up to {server.graph_max_tokens} tokens"
     fields = {k: getattr(server, k) for k in FIT_FIELDS}
     return {"server": {k: float(f"{v:.3g}") if isinstance(v, float) else v for k, v in fields.items()},
-            "device": f"NVIDIA {str(r0['device']).upper()}" if r0["device"] else None, "date": r0["date"],
+            "device": f"NVIDIA {str(r0['device']).upper()}" if r0["device"] else None,
+            "date": ", ".join(sorted({str(r["date"]) for r in rows})),
             "engine": "vLLM 0.26.0", "served_as": f"benchmarks/vllm_serve_gpu.py sweep: {graphs}, no torch.compile, "
             f"max_num_seqs {server.max_num_seqs}, weights {r0['weights']}, acceptance {r0.get('acceptance_source')}",
-            "fitted_to": Path(measured).name, "points": len(rows),
+            "fitted_to": ", ".join(map(_table_name, [measured] if isinstance(measured, str) else measured)),
+            "points": len(rows),
             "fit": [f"host_overhead_s and host_per_request_s: least squares of (measured - assumed TPOT) x tokens per "
                     f"step on the {n_fit} decode-bound points (benchmarks/sim_vs_measured.py decode_bound)",
                     f"eager_step_s: on {eager_on} (a step with a prefill chunk, or more tokens than the largest "
@@ -340,6 +373,14 @@ def fit_entry(server, rows, measured: str, n_fit: int, n_clean: int, report: str
                     f"prefill_request_s, prefill_token_s: on the relative mean TTFT of the {n_clean} clean points "
                     "(ttft_clean), then eager_step_s again"],
             "report": report}
+
+
+def _table_name(path: str) -> str:
+    """A measured table as the fits table names it: its file name in the package's data, else its path."""
+    from treewy.results import DATA_DIR
+
+    p = Path(path).resolve()
+    return p.name if p.parent == DATA_DIR else str(Path(path))
 
 
 def write_fit(name: str, entry: dict, data_dir=None) -> Path:

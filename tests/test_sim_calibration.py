@@ -196,6 +196,24 @@ def test_long_step_means_take_the_points_that_price_a_replacements_prefill(tmp_p
     assert long_step_means(rows, tmp_path) == {0: pytest.approx(250.0)}            # c64 has no record
 
 
+def test_long_steps_of_several_sweeps_are_read_from_each_gmus_folder(tmp_path):
+    """Records do not say their gmu: with tables of two sweeps each row reads the folder given for its gmu, and a
+    list of folders without GMU= is refused with the form to use."""
+    from benchmarks.sim_vs_measured import long_step_folders, long_step_means
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _record(tmp_path / "a" / "w-store_all-c8.json.gz", [0.02] * 10 + [0.2] * 6)
+    _record(tmp_path / "b" / "w-store_all-c8.json.gz", [0.02] * 10 + [0.4] * 6)
+    rows = [{"workload": "w", "mode": "store_all", "concurrency": 8, "gmu": g} for g in (0.6, 0.75, 0.9)]
+    folders = long_step_folders([f"0.6={tmp_path / 'a'}", f"0.75={tmp_path / 'b'}"])
+    assert folders == {0.6: tmp_path / "a", 0.75: tmp_path / "b"}
+    assert long_step_means(rows, folders) == {0: pytest.approx(200.0), 1: pytest.approx(400.0)}   # no 0.9 folder
+    assert long_step_folders([str(tmp_path / "a")]) == tmp_path / "a"
+    with pytest.raises(SystemExit, match="GMU=FOLDER"):
+        long_step_folders([str(tmp_path / "a"), str(tmp_path / "b")])
+
+
 def test_the_eager_price_fitted_on_long_steps_recovers_the_one_that_made_them():
     """Measured long steps made by the simulator itself at eager_step_s = 50 ms: the fit finds 50 ms again."""
     from benchmarks.sim_vs_measured import fit_eager_to_long_steps

@@ -403,7 +403,9 @@ def test_predictions_are_compared_point_by_point_with_the_measured_sweep(tmp_pat
     assert mod.main([str(tmp_path / "p.parquet"), str(tmp_path / "m.parquet"), "--out", str(tmp_path / "r.txt")]) == 0
     text = (tmp_path / "r.txt").read_text()
     assert "50 / 100 (0.50)" in text and "20.00 / 10.00 (2.00)" in text and "8 / 8 (1.00)" in text
-    assert "store_all   (3 points): tok/s 0.50 [0.50, 0.50]" in text
+    assert "store_all   (3 points): tok/s 0.50 [0.50, 0.50] rms 0.693" in text    # |ln 0.5| at every point
+    assert "reconstruct (3 points): tok/s 1.00 [1.00, 1.00] rms 0.000" in text
+    assert "all         (6 points): tok/s 0.71 [0.50, 1.00] rms 0.490" in text      # sqrt(ln(0.5)^2 / 2)
     assert "generation-short reconstruct c64 gmu 0.6" in text and "generation-short store_all c8 gmu 0.6" in text
     # the Table-1-shaped ratios where both modes finished: TreeWY / store-all measured (predicted: equal modes)
     assert "gmu 0.6: TreeWY / store-all, measured (SIMULATED prediction) [paper, B200]" in text

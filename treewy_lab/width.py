@@ -16,7 +16,7 @@ from treewy_lab.setup import RESULTS_DIRS
 from treewy.schema import load_measured
 from treewy.serve.launcher_command import ServeOptions, capture_plan
 from treewy.sim import simulate
-from treewy.sim.calibrated import H200_VLLM026_DECODE_GRAPHS
+from treewy.sim.calibrated import H200_DEFAULT
 from treewy.tree import DraftTree
 
 TREES = ((1, 1, 1), (2, 2, 1), (2, 2, 2), (3, 3, 3))
@@ -29,9 +29,9 @@ METRICS = {"vs_chain": "throughput / the chain's", "tokens_per_step": "tokens pe
 def sweep_server(tree):
     """The simulator's H200 server as the sweep launches it for ``tree``: graphs as large as the launcher asks vLLM
     for (``capture_plan``: max_num_seqs x (1 + N))."""
-    opts = ServeOptions(model="qwen3.5-35b-a3b", max_num_seqs=H200_VLLM026_DECODE_GRAPHS.max_num_seqs,
+    opts = ServeOptions(model="qwen3.5-35b-a3b", max_num_seqs=H200_DEFAULT.max_num_seqs,
                         num_speculative_tokens=DraftTree.from_widths(tree).num_drafts, tree=tuple(tree))
-    return replace(H200_VLLM026_DECODE_GRAPHS, graph_max_tokens=capture_plan(opts).max_size)
+    return replace(H200_DEFAULT, graph_max_tokens=capture_plan(opts).max_size)
 
 
 def identity(rows: pl.DataFrame) -> pl.DataFrame:
@@ -59,7 +59,7 @@ def width_frame(gmu: float = 0.9, workload: str = "generation-short", trees=TREE
             on_point(i + 1, total)
     on_disk = load_measured(*measured_dirs)
     measured = pl.concat([measured_matching(on_disk, model="qwen3.5-35b-a3b", gpu="h200", tp=1, gmu=gmu, tree=str(t),
-                                            workload=workload, max_num_seqs=H200_VLLM026_DECODE_GRAPHS.max_num_seqs)
+                                            workload=workload, max_num_seqs=H200_DEFAULT.max_num_seqs)
                           for t in trees]).filter(pl.col("concurrency").is_not_null())
     runs = [part.with_columns(source=pl.lit(label)) for label, part in measured_runs(measured)
             if part["tree"].n_unique() > 1]          # a run that served one tree has nothing to compare it with

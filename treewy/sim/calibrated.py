@@ -28,6 +28,13 @@ mean matches (``benchmarks/sim_vs_measured.py --long-steps``; the steps counted 
 ``benchmarks/results/long_steps_vs_sim_35b_h200_gmu0.6_2026-12-02.txt``). The eager step costs 119 ms beyond a
 graph step, and the TTFT fit then needs no per-prefill-token cost. Its predictions for gmu 0.75 and 0.9 are
 committed before those runs too.
+
+``H200_VLLM026_GRAPHS1024_TWO_GMU``: the long-step fit made again over gmu 0.6 and 0.75 together (68 points,
+2026-12-04), after the three fits above had predicted gmu 0.75 out of sample: the long-step fit erred least there
+(RMS log error 0.166 in throughput, 0.191 in TPOT, 0.485 in p99 TTFT over 32 points; the first fit 0.241, 0.256,
+0.617; ``benchmarks/results/recalibration_h200_gmu0.75_2026-12-04.md``), and refitted on both gmus no constant
+moved by more than 10 %. ``H200_DEFAULT`` names it: the simulator's H200 server for runs whose drafts are accepted
+(``treewy.sim.predict``, the serving panel's twins of such runs, the width chart).
 """
 
 from __future__ import annotations
@@ -54,3 +61,7 @@ def fitted(name: str) -> ServerConfig:
 H200_VLLM026_DECODE_GRAPHS = fitted("H200_VLLM026_DECODE_GRAPHS")
 H200_VLLM026_GRAPHS1024_ACCEPTED = fitted("H200_VLLM026_GRAPHS1024_ACCEPTED")
 H200_VLLM026_GRAPHS1024_LONGSTEPS = fitted("H200_VLLM026_GRAPHS1024_LONGSTEPS")
+H200_VLLM026_GRAPHS1024_TWO_GMU = fitted("H200_VLLM026_GRAPHS1024_TWO_GMU")
+#: The fit whose predictions erred least out of sample, refitted on every gmu measured since (see above).
+H200_DEFAULT_FIT = "H200_VLLM026_GRAPHS1024_TWO_GMU"
+H200_DEFAULT = H200_VLLM026_GRAPHS1024_TWO_GMU

@@ -3,8 +3,8 @@
 The grid: gmu 0.6, 0.75, 0.9 x the three workloads of the measured sweep (``MEASURED_WORKLOADS``:
 generation-short, summarize-short, balanced-short) x concurrency 1, 8, 32, 64, 128, 256 x both modes, at the
 paper's synthetic acceptance (its 35B depth-3 MTP chain, 3.23 tokens per step: ``acceptance_rates``' default), on
-the server ``H200_VLLM026_DECODE_GRAPHS`` describes (max_num_seqs 256, decode-only CUDA graphs) with graphs captured
-up to max_num_seqs x (1 + k) = 1024 tokens, as the launcher asks vLLM for (``capture_plan``), and with
+the server ``treewy.sim.calibrated.H200_DEFAULT`` describes (max_num_seqs 256, decode-only CUDA graphs) with graphs
+captured up to max_num_seqs x (1 + k) = 1024 tokens, as the launcher asks vLLM for (``capture_plan``), and with
 ``requests_per_point(c)`` requests per point, the number the GPU sweep sends (``--num-prompts 16``, one wave per
 concurrency): one wave of c requests, and at least 16, so that at low concurrency TTFT and TPOT are means over 16
 requests rather than one request's time.
@@ -21,7 +21,7 @@ import polars as pl
 
 from treewy.paper import CONCURRENCIES
 from treewy.serve.launcher_command import ServeOptions, capture_plan
-from treewy.sim.calibrated import H200_VLLM026_DECODE_GRAPHS, fitted
+from treewy.sim.calibrated import H200_DEFAULT, H200_DEFAULT_FIT, fitted
 from treewy.sim.sweep import simulate
 from treewy.workloads import CATALOGUE, MEASURED_WORKLOADS
 
@@ -31,9 +31,9 @@ REQUESTS_PER_CONCURRENCY = 1
 WORKLOADS = MEASURED_WORKLOADS
 #: The largest step the launcher has vLLM capture for the sweep's server (max_num_seqs x (1 + k) = 1024)
 GRAPH_MAX_TOKENS = capture_plan(ServeOptions(model="qwen3.5-35b-a3b", num_speculative_tokens=3,
-                                             max_num_seqs=H200_VLLM026_DECODE_GRAPHS.max_num_seqs)).max_size
+                                             max_num_seqs=H200_DEFAULT.max_num_seqs)).max_size
 #: The server fit the predictions price steps with (``treewy.sim.calibrated``).
-DEFAULT_FIT = "H200_VLLM026_DECODE_GRAPHS"
+DEFAULT_FIT = H200_DEFAULT_FIT
 
 
 def server_from_fit(name: str):

@@ -17,8 +17,8 @@ from treewy.memory import GPU, ModelSpec, ServerConfig
 from treewy.schema import load_measured
 from treewy.paper import SERVING_RATIOS, SHAPES
 from treewy.sim import CONCURRENCIES, knee, ratio_table, simulate
-from treewy.sim.calibrated import (H200_VLLM026_DECODE_GRAPHS, H200_VLLM026_GRAPHS1024_ACCEPTED,
-                                   H200_VLLM026_GRAPHS1024_LONGSTEPS)
+from treewy.sim.calibrated import (H200_DEFAULT, H200_VLLM026_DECODE_GRAPHS,
+                                   H200_VLLM026_GRAPHS1024_ACCEPTED, H200_VLLM026_GRAPHS1024_LONGSTEPS)
 from treewy.workloads import CATALOGUE
 
 MODELS = ["qwen3.5-35b-a3b", "qwen3.5-397b-a17b", "qwen3-next-80b-a3b"]
@@ -32,7 +32,8 @@ MEASURED_ACCEPTANCE = {"paper's": "paper", "none (dummy weights)": "none"}
 #: The step's fixed costs: assumed, or fitted to a measured sweep (treewy.sim.calibrated).
 STEP_COSTS = {"assumed": ServerConfig(), "fitted: H200, vLLM 0.26, decode graphs": H200_VLLM026_DECODE_GRAPHS,
               "refitted: H200, vLLM 0.26, graphs to 1024, accepted drafts": H200_VLLM026_GRAPHS1024_ACCEPTED,
-              "long-step fit: the refit, eager steps priced as measured": H200_VLLM026_GRAPHS1024_LONGSTEPS}
+              "long-step fit: the refit, eager steps priced as measured": H200_VLLM026_GRAPHS1024_LONGSTEPS,
+              "long-step fit over gmu 0.6 and 0.75 (the default for accepted drafts)": H200_DEFAULT}
 DUMMY_NOTE = ("dummy weights: acceptance is meaningless there; memory, admission, preemptions, TTFT and throughput "
               "are real")
 
@@ -155,6 +156,13 @@ def captured_graphs(rows: pl.DataFrame) -> dict:
     return {"graph_max_tokens": int(sizes[0])} if len(sizes) == 1 else {}
 
 
+def h200_twin_server(accepted: float | None) -> ServerConfig:
+    """The fixed costs of an H200 run's simulated twin: the fit made on runs like it. Runs whose drafts were accepted
+    (synthetic or real acceptance, more than 1.05 tokens per step) take ``H200_DEFAULT``; runs on dummy weights that
+    accepted nothing take the fit made on those (``H200_VLLM026_DECODE_GRAPHS``, 2026-11-30)."""
+    return H200_DEFAULT if accepted is not None and accepted > 1.05 else H200_VLLM026_DECODE_GRAPHS
+
+
 #: A simulated ratio and a measured one "part" where one is more than this many times the other.
 PART_FACTOR = 1.5
 
@@ -180,7 +188,7 @@ def measured_ratio_figure(measured_dirs=RESULTS_DIRS, on_point=None) -> dict:
             continue   # no simulator preset for this GPU: nothing to compare with
         widths = tuple(int(x) for x in tree.strip("()").split(","))
         accepted = part["acceptance_length"].mean() if part["acceptance_length"].is_not_null().any() else None
-        server = replace(H200_VLLM026_DECODE_GRAPHS if key == "h200" else ServerConfig(),
+        server = replace(h200_twin_server(accepted) if key == "h200" else ServerConfig(),
                          max_num_seqs=seqs or ServerConfig().max_num_seqs, **captured_graphs(part))
         sims = []
         for mode in ("store_all", "reconstruct"):
