@@ -245,6 +245,18 @@ def test_measured_ratios_come_one_chart_per_gmu_with_their_acceptance(tmp_path):
     assert not any(s.startswith("paper") for s in fig["ratios"].filter(gmu=0.75)["source"])
     kv = fig["parting"].filter(metric="peak KV usage reduction", gmu=0.75)   # measured 40x: far from the simulated
     assert kv.height == 1 and kv["measured"].item() == pytest.approx(40.0)
+    # each twin is priced by the fit made on runs like it, and says which
+    twins = {s for s in sources if s.startswith("SIMULATED twin")}
+    assert {s.split("fixed costs ")[-1].rstrip(")") for s in twins} == {"H200_VLLM026_DECODE_GRAPHS",
+                                                                         "H200_VLLM026_GRAPHS1024_TWO_GMU"}
+
+
+def test_an_h200_twin_takes_the_fit_made_on_runs_that_accepted_as_it_did():
+    from treewy.sim.calibrated import H200_DEFAULT_FIT
+    from treewy_lab.panels.serving import h200_twin_fit
+
+    assert h200_twin_fit(3.2) == H200_DEFAULT_FIT == "H200_VLLM026_GRAPHS1024_TWO_GMU"
+    assert h200_twin_fit(1.0) == h200_twin_fit(None) == "H200_VLLM026_DECODE_GRAPHS"   # dummy weights, none accepted
 
 
 def test_a_slow_panel_is_on_screen_before_its_first_run(monkeypatch):

@@ -20,7 +20,7 @@ acceptance at the paper's 35B chain (3.23 tokens per step), refitted on 2026-12-
 (``benchmarks/results/sim_vs_measured_qwen3.5-35b-a3b_h200_gmu0.6_accepted_2026-12-02.txt``), its host costs on the
 points whose TPOT measures decode steps alone (``decode_bound``: summarize-short's long prompts interleave prefill
 chunks with decoding from 32 requests up, which the first fit's per-request term had absorbed). Its predictions for
-the gmus not yet measured are committed before they run; until they are compared, the first fit stays the default.
+the gmus not yet measured are committed before they run; gmu 0.75 then judged them (below).
 
 ``H200_VLLM026_GRAPHS1024_LONGSTEPS``: the same sweep (all 36 points), its eager step priced on what it measures
 directly: the engine's long steps in vllm bench serve's records, whose mean per point the simulated eager steps'

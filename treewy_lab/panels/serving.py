@@ -17,8 +17,8 @@ from treewy.memory import GPU, ModelSpec, ServerConfig
 from treewy.schema import load_measured
 from treewy.paper import SERVING_RATIOS, SHAPES
 from treewy.sim import CONCURRENCIES, knee, ratio_table, simulate
-from treewy.sim.calibrated import (H200_DEFAULT, H200_VLLM026_DECODE_GRAPHS,
-                                   H200_VLLM026_GRAPHS1024_ACCEPTED, H200_VLLM026_GRAPHS1024_LONGSTEPS)
+from treewy.sim.calibrated import (H200_DEFAULT, H200_DEFAULT_FIT, H200_VLLM026_DECODE_GRAPHS,
+                                   H200_VLLM026_GRAPHS1024_ACCEPTED, H200_VLLM026_GRAPHS1024_LONGSTEPS, fitted)
 from treewy.workloads import CATALOGUE
 
 MODELS = ["qwen3.5-35b-a3b", "qwen3.5-397b-a17b", "qwen3-next-80b-a3b"]
@@ -156,11 +156,11 @@ def captured_graphs(rows: pl.DataFrame) -> dict:
     return {"graph_max_tokens": int(sizes[0])} if len(sizes) == 1 else {}
 
 
-def h200_twin_server(accepted: float | None) -> ServerConfig:
-    """The fixed costs of an H200 run's simulated twin: the fit made on runs like it. Runs whose drafts were accepted
-    (synthetic or real acceptance, more than 1.05 tokens per step) take ``H200_DEFAULT``; runs on dummy weights that
-    accepted nothing take the fit made on those (``H200_VLLM026_DECODE_GRAPHS``, 2026-11-30)."""
-    return H200_DEFAULT if accepted is not None and accepted > 1.05 else H200_VLLM026_DECODE_GRAPHS
+def h200_twin_fit(accepted: float | None) -> str:
+    """The server fit (``treewy.sim.calibrated``) that prices an H200 run's simulated twin: the fit made on runs like
+    it. Runs whose drafts were accepted (synthetic or real acceptance, more than 1.05 tokens per step) take
+    ``H200_DEFAULT_FIT``; runs on dummy weights that accepted nothing, the fit made on those (2026-11-30)."""
+    return H200_DEFAULT_FIT if accepted is not None and accepted > 1.05 else "H200_VLLM026_DECODE_GRAPHS"
 
 
 #: A simulated ratio and a measured one "part" where one is more than this many times the other.
@@ -188,7 +188,8 @@ def measured_ratio_figure(measured_dirs=RESULTS_DIRS, on_point=None) -> dict:
             continue   # no simulator preset for this GPU: nothing to compare with
         widths = tuple(int(x) for x in tree.strip("()").split(","))
         accepted = part["acceptance_length"].mean() if part["acceptance_length"].is_not_null().any() else None
-        server = replace(h200_twin_server(accepted) if key == "h200" else ServerConfig(),
+        fit = h200_twin_fit(accepted) if key == "h200" else None
+        server = replace(fitted(fit) if fit else ServerConfig(),
                          max_num_seqs=seqs or ServerConfig().max_num_seqs, **captured_graphs(part))
         sims = []
         for mode in ("store_all", "reconstruct"):
@@ -200,7 +201,7 @@ def measured_ratio_figure(measured_dirs=RESULTS_DIRS, on_point=None) -> dict:
                 if on_point:
                     on_point(done, total)
         sim_label = (f"SIMULATED twin of the {gpu} run of {part['date'][0]} (same settings, "
-                     f"{'fixed costs fitted on the H200' if key == 'h200' else 'assumed fixed costs'})")
+                     f"{f'fixed costs {fit}' if fit else 'assumed fixed costs'})")
         pair = pl.concat([ratios_frame(ratio_table(pl.concat(sims)), sim_label),
                           ratios_frame(ratio_table(part), label)])
         both = pair.pivot(on="source", index=["concurrency", "metric"], values="ratio").drop_nulls()
