@@ -218,16 +218,79 @@ def store_all_fn(B, T, src):
         use_qk_l2norm_in_kernel=True)), mod
 
 
+def tree_fns(widths, B):
+    """(reconstruct's tree spec step, store-all's) as the plugin runs them on a GPU (``tree_spec_update`` on the
+    pools in place; ``store_all_tree_update`` with the Triton ops) for B full windows of ``widths``' tree, one a
+    padding row on slot 0, every real slot holding a pending accepted node off the leftmost path."""
+    from treewy.serve import tree_plugin
+    from treewy.serve.reconstruct import ReconstructPools
+
+    serving = tree_plugin.TreeServing(widths, "reconstruct", B + 1)
+    T = serving.layout.num_nodes
+    d, x = shapes(B, T)
+    N = B * T
+    gen = torch.Generator().manual_seed(1)
+    x.update(q=torch.randn(1, N, d["H"], d["K"], generator=gen).to(torch.bfloat16),
+             k=torch.randn(1, N, d["H"], d["K"], generator=gen).to(torch.bfloat16),
+             v=torch.randn(1, N, d["HV"], d["V"], generator=gen).to(torch.bfloat16),
+             a=torch.randn(N, d["HV"], generator=gen).to(torch.bfloat16),
+             b=torch.randn(N, d["HV"], generator=gen).to(torch.bfloat16),
+             cu_seqlens=torch.arange(B + 1, dtype=torch.int32) * T)
+    slots = torch.arange(1, B + 1, dtype=torch.int32)
+    slots[-1] = 0
+    pools = ReconstructPools.empty(B + 1, max_nodes=T, **d)
+    accepted = torch.full((B,), T - 1, dtype=torch.int32)          # the last DFS node: off the leftmost path
+    spec = {k: x[k] for k in ("A_log", "a", "b", "dt_bias", "q", "k", "v", "cu_seqlens")}
+    blocks = torch.arange(1, B * T + 1, dtype=torch.int32).reshape(B, T)
+    blocks[-1] = 0
+    state_pool = torch.zeros(B * T + 1, d["HV"], d["V"], d["K"])
+    return ((lambda: tree_plugin.tree_spec_update(pools, serving, ssm_state_indices=slots[:, None], accepted=accepted,
+                                                  kernels=True, **spec)),
+            (lambda: tree_plugin.store_all_tree_update(state_pool, serving, ssm_state_indices=blocks,
+                                                       accepted=accepted, kernels=True, **spec)))
+
+
+@contextlib.contextmanager
+def tree_kernels(stub):
+    """Every Triton kernel a tree spec step may launch, recorded."""
+    from treewy.ops import gates_kernel
+    from treewy.ops.store_all import kernel as store_all
+    from treewy.ops.verify import dense, path, stash
+
+    with recorded(path, ["tree_verify_path_kernel", "path_tables_kernel"], stub), \
+            recorded(dense, ["tree_verify_dense_kernel"], stub), \
+            recorded(store_all, ["store_all_verify_kernel"], stub), \
+            recorded(gates_kernel, ["gdn_gating_kernel"], stub), recorded(stash, ["stash_window_kernel"], stub):
+        yield
+
+
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--B", type=int, default=4, help="requests in the step (the last is a padding row)")
     p.add_argument("--T", type=int, default=4, help="tokens per request (root + drafts)")
     p.add_argument("--stub", action="store_true", help="record the Triton kernels without running them")
     p.add_argument("--vllm-src", default=None, help="folder holding vLLM 0.26's vllm/third_party/... sources")
+    p.add_argument("--tree", default=None, help="widths such as 2,2,1: count the served tree's spec step in both "
+                   "modes instead (the plugin's tree hooks; T is the tree's)")
     p.add_argument("--out", type=Path, default=None, help="also write the table here")
     args = p.parse_args(argv)
     if args.B < 2 or args.T < 2:
         p.error("--B and --T must be at least 2 (a real row with a ragged window and a padding row)")
+    if args.tree is not None:
+        from treewy.serve.launcher_command import parse_tree
+        widths = parse_tree(args.tree)
+        recon, sa = tree_fns(widths, args.B)
+        with tree_kernels(args.stub):
+            parts = [f"counted on CPU with the torch profiler (torch {torch.__version__}); tree {widths}, B = {args.B} "
+                     f"(one a padding row); kernels {'stubbed' if args.stub else 'run under the Triton interpreter'}; "
+                     "per GDN layer per step",
+                     table("reconstruct tree spec step (tree_spec_update, the GPU's path)", *launches(recon)),
+                     table("store_all tree spec step (store_all_tree_update, the GPU's path)", *launches(sa))]
+        text = "\n\n".join(parts)
+        print(text)
+        if args.out is not None:
+            args.out.write_text(text + "\n")
+        return text
     step, flush = reconstruct_fns(args.B, args.T)
     with reconstruct_kernels(args.stub):
         parts = [f"counted on CPU with the torch profiler (torch {torch.__version__}); B = {args.B}, T = {args.T}; "

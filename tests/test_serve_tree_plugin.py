@@ -104,6 +104,36 @@ def test_the_reconstruct_spec_steps_kernel_path_equals_its_references():
         assert max(errs.values()) < 1e-5, (step, errs)
 
 
+def test_the_store_all_tree_steps_kernel_path_equals_its_reference():
+    """store_all_tree_update on vLLM's block pool in place (the gates' launch, then the store-all kernel reading and
+    writing blocks; what a GPU runs, here under the Triton interpreter) against its torch reference: two steps on
+    shuffled blocks with bf16 inputs as vLLM passes them, the second starting from nodes off the leftmost path, and
+    a padded row whose blocks are 0."""
+    from treewy.testing import rel_err
+    gen = torch.Generator().manual_seed(4)
+    widths, H, HV, K, V = (2, 1), 1, 2, 16, 16
+    serving = hooks.TreeServing(widths, "store_all", 16)
+    T = serving.layout.num_nodes
+    B = 3
+    blocks = (1 + torch.randperm(2 * T, generator=gen)).to(torch.int32).reshape(2, T)
+    blocks = torch.cat([blocks, torch.zeros(1, T, dtype=torch.int32)])      # the third: a padding row
+    pool = torch.randn(1 + 2 * T, HV, V, K, generator=gen) * 0.3
+    pools = {True: pool, False: pool.clone()}
+    for step, accepted in enumerate((torch.tensor([0, 0, 0]), torch.tensor([4, 2, 0]))):
+        kw = dict(A_log=torch.randn(HV, generator=gen), a=torch.randn(B * T, HV, generator=gen).bfloat16(),
+                  b=torch.randn(B * T, HV, generator=gen).bfloat16(), dt_bias=torch.randn(HV, generator=gen),
+                  q=torch.randn(1, B * T, H, K, generator=gen).bfloat16(),
+                  k=torch.randn(1, B * T, H, K, generator=gen).bfloat16(),
+                  v=torch.randn(1, B * T, HV, V, generator=gen).bfloat16(), cu_seqlens=torch.arange(B + 1) * T,
+                  ssm_state_indices=blocks, accepted=accepted)
+        outs = {kernels: hooks.store_all_tree_update(pools[kernels], serving, kernels=kernels, **kw)[0]
+                for kernels in (True, False)}
+        live = slice(0, 2 * T)
+        errs = {"outputs": rel_err(outs[True][:, live].float(), outs[False][:, live].float()),
+                "blocks": rel_err(pools[True][blocks[:2].long()], pools[False][blocks[:2].long()])}
+        assert errs["outputs"] < 1e-2 and errs["blocks"] < 1e-5, (step, errs)     # the outputs are bf16
+
+
 def test_tree_from_env():
     assert hooks.tree_from_env({}) is None
     assert hooks.tree_from_env({"TREEWY_TREE": "2,2,1"}) == ((2, 2, 1), None)

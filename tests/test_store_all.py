@@ -41,3 +41,35 @@ def test_store_all_commit_refuses_an_integer_state():
     states = torch.randn(1, 3, 1, 8, 8)
     with pytest.raises(ValueError, match="state has dtype torch.int32"):
         store_all_commit(torch.zeros(1, 1, 8, 8, dtype=torch.int32), states, torch.tensor([1]))
+
+
+def test_store_all_over_a_pool_of_blocks_reads_and_writes_the_blocks_in_place():
+    """The serving form (``blocks``, ``start``): each request starts from the block of its start node and writes
+    node t's snapshot into block blocks[b, t] of the pool, as the snapshot buffer's form computes; shuffled blocks,
+    a pool whose blocks sit a stride apart, a padding row (block 0) that touches nothing."""
+    from treewy.ops.store_all.kernel import store_all_verify_fwd
+
+    tree = DraftTree.from_widths((2, 1))
+    B, T, H, HV, K, V = 3, len(tree), 1, 2, 16, 12
+    q, k, v, g, beta, _ = make_inputs(B, T, H, HV, K, V, seed=23)
+    gen = torch.Generator().manual_seed(5)
+    page = torch.randn(1 + B * T, HV * V * K + 7, generator=gen)          # a block, then bytes of other tensors
+    pool = page[:, : HV * V * K].view(1 + B * T, HV, V, K)
+    blocks = (1 + torch.randperm(B * T, generator=gen)).to(torch.int32).reshape(B, T)
+    blocks[2] = 0                                                          # a CUDA graph's padding row
+    start = torch.tensor([0, 2, 1], dtype=torch.int32)
+    before = pool.clone()
+    S0 = before[blocks.long()[torch.arange(B), start.long()]]
+    parents = tree.parents.to(torch.int32)
+    ro, rstates = store_all_verify_fwd(q, k, v, g, beta, S0, parents, 0, K ** -0.5)
+    o, out = store_all_verify_fwd(q, k, v, g, beta, pool, parents, 0, K ** -0.5, blocks=blocks, start=start)
+    assert out is pool
+    live = blocks[:2].long()
+    torch.testing.assert_close(o[:2], ro[:2], rtol=0, atol=0)
+    torch.testing.assert_close(pool[live], rstates[:2], rtol=0, atol=0)
+    untouched = torch.ones(1 + B * T, dtype=torch.bool)
+    untouched[live.flatten()] = False
+    assert torch.equal(pool[untouched], before[untouched]), "the padding row and the other blocks stay as they were"
+    with pytest.raises(ValueError, match="each block \\[HV, V, K\\] contiguous"):
+        store_all_verify_fwd(q, k, v, g, beta, pool.transpose(2, 3), parents, 0, K ** -0.5, blocks=blocks,
+                             start=start)

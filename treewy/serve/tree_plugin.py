@@ -200,48 +200,75 @@ def _accepted(serving: TreeServing, slots: torch.Tensor, accepted) -> torch.Tens
     return torch.where(slots > 0, acc.to(torch.int32), -1)
 
 
+def _packed_windows(B: int, T: int, *xs):
+    """vLLM's packed spec inputs [1, B * T, heads, dim] as contiguous [B, T, heads, dim] windows, in their dtype (no
+    copy where they are contiguous already)."""
+    return [x[0].reshape(B, T, *x.shape[-2:]).contiguous() for x in xs]
+
+
 def tree_spec_update(pools: ReconstructPools, serving: TreeServing, *, A_log, a, b, dt_bias, q, k, v, cu_seqlens,
                      ssm_state_indices, use_qk_l2norm_in_kernel=True, accepted=None, kernels: bool | None = None,
                      **_) -> tuple[torch.Tensor, None]:
     """Reconstruct: stands in for vLLM's spec kernel (its keywords, ``vllm_adapter.SPEC_UPDATE_PARAMS``) on a tree
     window. Per request, its one slot (column 0 of ssm_state_indices): the previous window's accepted node is folded
-    from the slot's stash into the state (``pending_commit``), the tree is verified from it, and the window's u, k, g
-    replace the stash. ``accepted`` int [B]: that node per request (-1: nothing pending); None: read from
-    ``serving.slot_accepted``. ``kernels``: the verify kernel on the pools in place (None: on CUDA; on a CPU it runs
-    under the Triton interpreter) or the torch references over the requests' rows. Returns (o [1, B * T, HV, V],
-    None)."""
+    from the slot's stash into the state (``pending_commit``), the tree is verified from it, and the window's u, raw
+    keys and g replace the stash (keys normalized where they are read, as the chain step keeps them). ``accepted``
+    int [B]: that node per request (-1: nothing pending); None: read from ``serving.slot_accepted``. ``kernels``:
+    None (on CUDA) or True: three launches on the pools in place, the gates (``gdn_gating_fwd``), the verify with the
+    fold inside and q, k normalized in it, the stash (``stash_window_fwd``); on a CPU they run under the Triton
+    interpreter. False: the torch references over the requests' rows. Returns (o [1, B * T, HV, V], None)."""
     lay = serving.layout
     B, T = cu_seqlens.shape[0] - 1, lay.num_nodes
-    slots = ssm_state_indices[:B, 0].long()
-    qw, kw, vw, g, beta = _window_inputs(q, k, v, A_log, a, b, dt_bias, B, T, use_qk_l2norm_in_kernel)
-    acc = _accepted(serving, slots, accepted)
+    acc = _accepted(serving, ssm_state_indices[:B, 0], accepted)
     pk, pg = pools.k[:, 0], pools.g[:, 0]      # a tree's window lives in the stash's half 0 (tree_vllm's meta word)
-    if q.is_cuda if kernels is None else kernels:   # the pools in place: one launch, the fold inside the verify
+    l2 = use_qk_l2norm_in_kernel
+    if q.is_cuda if kernels is None else kernels:   # the pools in place: three launches
+        from treewy.ops.gates_kernel import gdn_gating_fwd
         from treewy.ops.verify.kernel import tree_verify_fwd
-        pend = PendingCommit(pools.u, pk, pg, lay.parents32, acc, False)   # one topology: [T], batch stride 0
-        o, u = tree_verify_fwd(qw, kw, vw, g, beta, pools.state, lay.parents32, 0, kw.shape[-1] ** -0.5,
-                               pending=pend, state_indices=slots.to(torch.int32), max_depth=lay.max_depth)
-    else:           # the references over the requests' rows, written back
-        state = pools.state[slots]
-        pend = PendingCommit(pools.u[slots], pk[slots], pg[slots], lay.parents32, acc)
-        o, u = _ops(q.device).tree_step(qw, kw, vw, g, beta, state, lay.parents32, pend, lay.max_depth)
-        pools.state[slots] = state
-    pools.u[slots], pk[slots], pg[slots] = u, kw, g        # the stash keeps the keys in its own dtype
+        from treewy.ops.verify.stash import stash_window_fwd
+        slots = ssm_state_indices[:B, 0].to(torch.int32)
+        qw, kw, vw = _packed_windows(B, T, q, k, v)
+        g, beta = (x.reshape(B, T, -1) for x in gdn_gating_fwd(A_log, a[: B * T], b[: B * T], dt_bias))
+        pend = PendingCommit(pools.u, pk, pg, lay.parents32, acc, l2)   # one topology: [T], batch stride 0
+        o, u = tree_verify_fwd(qw, kw, vw, g, beta, pools.state, lay.parents32, 0, kw.shape[-1] ** -0.5, l2,
+                               pending=pend, state_indices=slots, max_depth=lay.max_depth)
+        stash_window_fwd(u, kw, g, slots, pools.u, pk, pg)
+        return o.reshape(1, B * T, *o.shape[-2:]), None
+    slots = ssm_state_indices[:B, 0].long()      # the references over the requests' rows, written back
+    qn, kn, vw, g, beta = _window_inputs(q, k, v, A_log, a, b, dt_bias, B, T, l2)
+    state = pools.state[slots]
+    pend = PendingCommit(pools.u[slots], pk[slots], pg[slots], lay.parents32, acc, l2)
+    o, u = _ops(q.device).tree_step(qn, kn, vw, g, beta, state, lay.parents32, pend, lay.max_depth)
+    pools.state[slots] = state
+    pools.u[slots], pk[slots], pg[slots] = u, k[0].reshape(B, T, *k.shape[-2:]), g    # the stash's dtypes
     return o.reshape(1, B * T, *o.shape[-2:]).to(v.dtype), None
 
 
 def store_all_tree_update(state_pool: torch.Tensor, serving: TreeServing, *, A_log, a, b, dt_bias, q, k, v,
-                          cu_seqlens, ssm_state_indices, use_qk_l2norm_in_kernel=True, accepted=None, **_
-                          ) -> tuple[torch.Tensor, None]:
+                          cu_seqlens, ssm_state_indices, use_qk_l2norm_in_kernel=True, accepted=None,
+                          kernels: bool | None = None, **_) -> tuple[torch.Tensor, None]:
     """Store-all, the baseline: N + 1 state blocks per request (ssm_state_indices [B, >= T], one per node). The
     window starts from the block of the previous window's accepted node (column 0 after a prefill; ``accepted`` as
-    for ``tree_spec_update``), every node's state is written to its own block. Returns (o [1, B * T, HV, V], None)."""
+    for ``tree_spec_update``), every node's state is written to its own block. ``kernels`` None (on CUDA) or True:
+    two launches, the gates and the store-all kernel reading and writing the blocks in place (as vLLM's store-all
+    kernel does for chains; rows whose first block is <= 0 skipped); False: the torch reference over the requests'
+    blocks. Returns (o [1, B * T, HV, V], None)."""
     lay = serving.layout
     B, T = cu_seqlens.shape[0] - 1, lay.num_nodes
+    start = _accepted(serving, ssm_state_indices[:B, 0], accepted).clamp(min=0)
+    if q.is_cuda if kernels is None else kernels:
+        from treewy.ops.gates_kernel import gdn_gating_fwd
+        from treewy.ops.store_all.kernel import store_all_verify_fwd
+        qw, kw, vw = _packed_windows(B, T, q, k, v)
+        g, beta = (x.reshape(B, T, -1) for x in gdn_gating_fwd(A_log, a[: B * T], b[: B * T], dt_bias))
+        blocks = ssm_state_indices[:B, :T]
+        blocks = blocks if blocks.dtype == torch.int32 else blocks.to(torch.int32)
+        o, _ = store_all_verify_fwd(qw, kw, vw, g, beta, state_pool, lay.parents32, 0, kw.shape[-1] ** -0.5,
+                                    use_qk_l2norm_in_kernel, blocks=blocks, start=start)
+        return o.reshape(1, B * T, *o.shape[-2:]), None
     blocks = ssm_state_indices[:B, :T].long()
     qw, kw, vw, g, beta = _window_inputs(q, k, v, A_log, a, b, dt_bias, B, T, use_qk_l2norm_in_kernel)
-    start = _accepted(serving, blocks[:, 0], accepted).long().clamp(min=0)
-    S0 = state_pool[blocks.gather(1, start[:, None])[:, 0]]
+    S0 = state_pool[blocks.gather(1, start.long()[:, None])[:, 0]]
     o, states = _ops(q.device).store_all_verify(qw, kw, vw, g, beta, S0, lay.parents32)
     state_pool[blocks] = states.to(state_pool.dtype)
     return o.reshape(1, B * T, *o.shape[-2:]).to(v.dtype), None

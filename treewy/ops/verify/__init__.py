@@ -9,8 +9,8 @@ on first use) or ``treewy.ops.verify.kernel``.
 """
 
 from treewy.ops.verify.naive import (
-    naive_flush, naive_tree_step, naive_tree_verify, path_tables_ref, path_verify_ref, solve_forward, solve_neumann,
-    tree_system,
+    naive_flush, naive_stash_window, naive_tree_step, naive_tree_verify, path_tables_ref, path_verify_ref,
+    solve_forward, solve_neumann, tree_system,
 )
 from treewy.ops.verify.pending import PendingCommit, unpack
 from treewy.ops.verify.select import KERNELS, LAUNCHES, select_kernel
@@ -20,6 +20,7 @@ __all__ = [
     "LAUNCHES",
     "PendingCommit",
     "naive_flush",
+    "naive_stash_window",
     "naive_tree_step",
     "naive_tree_verify",
     "path_tables_ref",

@@ -156,3 +156,12 @@ def path_verify_ref(q, k, v, state, anc, x, w, beta, ck, cq):
         U += x[..., j, None] * Ra
         O += w[..., j, None] * Ra
     return O.transpose(1, 2), U.transpose(1, 2)
+
+
+def naive_stash_window(u, k, g, slots, pu, pk, pg) -> None:
+    """Reference of ``stash_window_fwd`` (``stash.py``): request b's window u [T, HV, V], k [T, H, K], g [T, HV]
+    into rows 0..T - 1 of slot slots[b] of the stash pools pu, pk, pg, in place, for every slot > 0."""
+    T = u.shape[1]
+    for b, s in enumerate(slots.tolist()):
+        if s > 0:
+            pu[s, :T], pk[s, :T], pg[s, :T] = u[b], k[b], g[b]
