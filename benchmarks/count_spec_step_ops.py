@@ -276,26 +276,36 @@ def main(argv=None) -> str:
     args = p.parse_args(argv)
     if args.B < 2 or args.T < 2:
         p.error("--B and --T must be at least 2 (a real row with a ragged window and a padding row)")
-    if args.tree is not None:
-        from treewy.serve.launcher_command import parse_tree
-        widths = parse_tree(args.tree)
-        recon, sa = tree_fns(widths, args.B)
-        with tree_kernels(args.stub):
-            parts = [f"counted on CPU with the torch profiler (torch {torch.__version__}); tree {widths}, B = {args.B} "
-                     f"(one a padding row); kernels {'stubbed' if args.stub else 'run under the Triton interpreter'}; "
-                     "per GDN layer per step",
-                     table("reconstruct tree spec step (tree_spec_update, the GPU's path)", *launches(recon)),
-                     table("store_all tree spec step (store_all_tree_update, the GPU's path)", *launches(sa))]
-        text = "\n\n".join(parts)
-        print(text)
-        if args.out is not None:
-            args.out.write_text(text + "\n")
-        return text
+    parts = tree_parts(args) if args.tree is not None else chain_parts(args)
+    text = "\n\n".join(parts)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    return text
+
+
+def counted_on(what: str, stub: bool) -> str:
+    return (f"counted on CPU with the torch profiler (torch {torch.__version__}); {what}; "
+            f"kernels {'stubbed' if stub else 'run under the Triton interpreter'}; per GDN layer per step")
+
+
+def tree_parts(args) -> list[str]:
+    """The served tree's spec step in both modes (``--tree``)."""
+    from treewy.serve.launcher_command import parse_tree
+
+    widths = parse_tree(args.tree)
+    recon, sa = tree_fns(widths, args.B)
+    with tree_kernels(args.stub):
+        return [counted_on(f"tree {widths}, B = {args.B} (one a padding row)", args.stub),
+                table("reconstruct tree spec step (tree_spec_update, the GPU's path)", *launches(recon)),
+                table("store_all tree spec step (store_all_tree_update, the GPU's path)", *launches(sa))]
+
+
+def chain_parts(args) -> list[str]:
+    """The chain's spec step and flush (reconstruct) and vLLM's store-all kernel call."""
     step, flush = reconstruct_fns(args.B, args.T)
     with reconstruct_kernels(args.stub):
-        parts = [f"counted on CPU with the torch profiler (torch {torch.__version__}); B = {args.B}, T = {args.T}; "
-                 f"verify kernel {'stubbed' if args.stub else 'run under the Triton interpreter'}; per GDN layer "
-                 "per step",
+        parts = [counted_on(f"B = {args.B}, T = {args.T}", args.stub),
                  table("reconstruct spec step (vllm_spec_update)", *launches(step)),
                  table("reconstruct flush_slots (steps with prefill / plain-decode rows)", *launches(flush))]
     sa, mod = store_all_fn(args.B, args.T, args.vllm_src)
@@ -305,11 +315,7 @@ def main(argv=None) -> str:
         with recorded(mod, ["fused_sigmoid_gating_delta_rule_update_kernel"], args.stub):
             parts.append(table("store_all spec step (vLLM 0.26 fused_sigmoid_gating_delta_rule_update)",
                                *launches(sa)))
-    text = "\n\n".join(parts)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
-    return text
+    return parts
 
 
 if __name__ == "__main__":

@@ -269,6 +269,26 @@ def test_spec_step_is_one_launch_and_no_torch_op(monkeypatch):
         assert [k for k, _ in ops] == ["kernel chain_spec_step_kernel"] and not syncs, f"{what}: {ops}, {syncs}"
 
 
+@pytest.mark.parametrize("widths", [(2, 2, 1), (3, 3, 3)])
+def test_a_served_tree_step_is_three_launches_in_reconstruct_and_two_in_store_all(monkeypatch, widths):
+    """The GPU's path of the plugin's tree hooks, counted with the kernels stubbed: the gates, the verify (one launch
+    of the family a (2, 2, 1) or (3, 3, 3) window picks here) and the stash; the gates and the store-all kernel on
+    vLLM's blocks. Around them only the accepted node's index building (a few tiny ops, no host sync); the torch
+    gating, l2norm, casts and index_put of the stash (31 and 32 launches before 2026-12-04) are gone."""
+    monkeypatch.undo()
+    from benchmarks import count_spec_step_ops as count
+
+    recon, store_all = count.tree_fns(widths, 4)
+    with count.tree_kernels(stub=True):
+        kinds = {what: count.launches(fn) for what, fn in (("reconstruct", recon), ("store_all", store_all))}
+    for what, (ops, syncs) in kinds.items():
+        kernels = sorted(k for k, _ in ops if k.startswith("kernel "))
+        assert not syncs and len(ops) - len(kernels) <= 4, (what, ops)
+        want = (["kernel gdn_gating_kernel", "kernel stash_window_kernel", "kernel tree_verify_path_kernel"]
+                if what == "reconstruct" else ["kernel gdn_gating_kernel", "kernel store_all_verify_kernel"])
+        assert kernels == want, (what, kernels)
+
+
 def test_engine_profile_tables_sum_kernels_per_layer_kind():
     from benchmarks import profile_serving_step as prof
 
