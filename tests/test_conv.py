@@ -5,7 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from treewy.ops import naive_tree_conv1d, naive_tree_conv1d_commit, tree_conv1d, tree_conv1d_commit
+from treewy.ops import (
+    naive_tree_conv1d, naive_tree_conv1d_commit, naive_tree_conv_update, tree_conv1d, tree_conv1d_commit,
+)
 from treewy.testing import assert_close_fp32 as close
 from treewy.testing import random_parents, random_tree
 from treewy.tree import DraftTree
@@ -106,3 +108,60 @@ def test_the_engines_launcher_reads_a_view_of_a_serving_conv_pool():
     y = get_ops(DEVICE, "triton").tree_conv1d(x, weight, committed, parents, None, "silu")
     ref = naive_tree_conv1d(x.double(), weight.double(), committed.double(), tree)
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+SERVED_CONV_CASES = [((2, 2, 1), 4), ((1, 1, 1, 1), 4), ((3,), 4), ((2, 1), 2)]
+
+
+@pytest.mark.parametrize("widths,W", SERVED_CONV_CASES, ids=[f"{w}-w{W}" for w, W in SERVED_CONV_CASES])
+def test_the_served_tree_conv_update_convolves_each_path_over_the_committed_history(widths, W):
+    """Three served steps on vLLM's pool layout ([slots, C, columns], dim first, a transposed view), slots shuffled,
+    a padding row: the reference's every output equals nn.functional.conv1d over the request's committed history
+    then the node's path, the accepted node off the leftmost path; the one-launch kernel equals the reference, outputs
+    and pool."""
+    from treewy.ops.conv.kernel import tree_conv_update_fwd
+    from treewy.serve.tree_spec import TreeLayout
+
+    lay, on = TreeLayout(widths, conv_width=W), TreeLayout(widths, DEVICE, conv_width=W)
+    T, C, S = lay.num_nodes, 37, 6
+    gen = torch.Generator().manual_seed(T * W)
+    slots = torch.tensor([4, 0, 1], dtype=torch.int32)                # the second: a padding row
+    weight, bias = torch.randn(C, W, generator=gen), torch.randn(C, generator=gen)
+    pool0 = torch.randn(S, W - 1 + T, C, generator=gen).transpose(1, 2)   # vLLM's conv pool: dim first, a view
+    history = [pool0[int(s), :, : W - 1].T.double() for s in slots]       # the committed inputs, oldest first
+    pools = {"naive": pool0.double().clone(), "kernel": pool0.clone().to(DEVICE)}   # the view's strides kept
+    accepted = torch.full((3,), -1, dtype=torch.int32)                    # after a prefill: nothing pending
+    for step in range(3):
+        x = torch.randn(3 * T, C, generator=gen)
+        y = naive_tree_conv_update(x.double(), pools["naive"], weight.double(), bias.double(), slots, accepted,
+                                   lay.parents32, lay.conv_src, "silu")
+        yk = tree_conv_update_fwd(*(t.to(DEVICE) for t in (x, pools["kernel"], weight, bias, slots, accepted)),
+                                  on.parents32, on.conv_src32, "silu")
+        torch.testing.assert_close(yk.cpu().double(), y, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(pools["kernel"].cpu().double(), pools["naive"], rtol=1e-6, atol=1e-6)
+        assert torch.equal(pools["naive"][0], pool0[0].double()), "padding rows leave slot 0 alone"
+        assert not y.reshape(3, T, C)[1].any(), "a padding row's outputs are zeros"
+        xw = x.double().reshape(3, T, C)
+        for b in (0, 2):
+            for t in range(T):
+                seq = torch.cat([history[b][-(W - 1):], xw[b, lay.tree.path(t)]])[None]
+                ref = F.silu(F.conv1d(seq.transpose(1, 2), weight.double()[:, None], bias.double(), groups=C))
+                torch.testing.assert_close(y.reshape(3, T, C)[b, t], ref[0, :, -1], rtol=1e-12, atol=1e-12)
+        accepted = torch.randint(0, T, (3,), generator=gen, dtype=torch.int32)
+        accepted[0] = T - 1                                               # the last node in DFS order
+        for b in (0, 2):
+            history[b] = torch.cat([history[b], xw[b, lay.tree.path(int(accepted[b]))]])
+
+
+def test_the_served_tree_conv_update_names_a_misshapen_argument():
+    from treewy.ops.conv.kernel import tree_conv_update_fwd
+    from treewy.serve.tree_spec import TreeLayout
+
+    lay = TreeLayout((2, 1))
+    W, C = lay.conv_width, 8
+    args = dict(weight=torch.zeros(C, W), bias=None, slots=torch.ones(2, dtype=torch.int32),
+                accepted=torch.zeros(2, dtype=torch.int32), parents=lay.parents32, conv_src=lay.conv_src32)
+    with pytest.raises(ValueError, match=r"x has shape \(7, 8\): expected \(10, 8\)"):
+        tree_conv_update_fwd(torch.zeros(7, C), torch.zeros(3, C, W - 1 + 5), **args)
+    with pytest.raises(ValueError, match=r"conv_state has shape \(3, 8, 4\)"):
+        tree_conv_update_fwd(torch.zeros(10, C), torch.zeros(3, C, 4), **args)

@@ -10,6 +10,8 @@ import torch
 from treewy.ops.gates import gdn_gating
 from treewy.ops.verify import naive_stash_window
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 @pytest.mark.parametrize("N,HV,dtype", [(1, 1, torch.float32), (37, 6, torch.bfloat16), (700, 3, torch.float32)])
 def test_the_gating_kernel_gives_the_references_gates(N, HV, dtype):
@@ -19,7 +21,7 @@ def test_the_gating_kernel_gives_the_references_gates(N, HV, dtype):
     a = (torch.randn(N, HV, generator=gen) * 8).to(dtype)       # some past softplus's threshold (20) with dt_bias
     b = (torch.randn(N, HV, generator=gen) * 3).to(dtype)
     A_log, dt_bias = torch.randn(HV, generator=gen), torch.randn(HV, generator=gen) * 10
-    g, beta = gdn_gating_fwd(A_log, a, b, dt_bias)
+    g, beta = (x.cpu() for x in gdn_gating_fwd(*(x.to(DEVICE) for x in (A_log, a, b, dt_bias))))
     rg, rbeta = gdn_gating(A_log, a, b, dt_bias)
     assert g.dtype == beta.dtype == torch.float32 and g.shape == (N, HV)
     torch.testing.assert_close(g, rg, rtol=2e-6, atol=1e-6)
@@ -29,7 +31,7 @@ def test_the_gating_kernel_gives_the_references_gates(N, HV, dtype):
 def test_the_gating_kernel_takes_an_empty_window():
     from treewy.ops.gates_kernel import gdn_gating_fwd
 
-    g, beta = gdn_gating_fwd(torch.zeros(2), torch.zeros(0, 2), torch.zeros(0, 2), torch.zeros(2))
+    g, beta = gdn_gating_fwd(*(torch.zeros(s, device=DEVICE) for s in ((2,), (0, 2), (0, 2), (2,))))
     assert g.shape == beta.shape == (0, 2)
 
 
@@ -52,9 +54,9 @@ def test_the_stash_kernel_writes_each_window_into_its_slot(key_dtype):
     k = k.to(key_dtype)                     # served keys arrive in the stash's dtype (bf16 activations)
     runs = []
     for fn in (stash_window_fwd, naive_stash_window):
-        pu, pk, pg = _pools(S, T, H, HV, K, V, key_dtype, torch.Generator().manual_seed(1))
-        fn(u, k, g, slots, pu, pk[:, 0], pg[:, 0])
-        runs.append((pu, pk, pg))
+        pu, pk, pg = (x.to(DEVICE) for x in _pools(S, T, H, HV, K, V, key_dtype, torch.Generator().manual_seed(1)))
+        fn(*(x.to(DEVICE) for x in (u, k, g, slots)), pu, pk[:, 0], pg[:, 0])
+        runs.append((pu.cpu(), pk.cpu(), pg.cpu()))
     for got, want in zip(*runs):
         assert torch.equal(got, want)
     pu, pk, pg = runs[0]

@@ -22,6 +22,8 @@ pytestmark = pytest.mark.usefixtures("one_config_per_shape")
 PROMPTS = ["def add(a, b):\n    return", "import os\nimport sys\n\nclass Foo", "x = [1, 2, 3]\nprint("]
 NEW_TOKENS = 16
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 @pytest.fixture(scope="module")
 def tiny():
@@ -81,20 +83,21 @@ def test_the_reconstruct_spec_steps_kernel_path_equals_its_references():
     from treewy.testing import rel_err
     gen = torch.Generator().manual_seed(3)
     widths, H, HV, K, V, n_slots = (2, 2, 1), 1, 2, 16, 16, 8
-    serving = hooks.TreeServing(widths, "reconstruct", n_slots)
+    serving = hooks.TreeServing(widths, "reconstruct", n_slots, DEVICE)
     T = serving.layout.num_nodes
-    slots = torch.tensor([[6], [2], [5], [0]])                        # the fourth: a CUDA graph's padding row
+    slots = torch.tensor([[6], [2], [5], [0]], device=DEVICE)          # the fourth: a CUDA graph's padding row
     B = slots.shape[0]
-    pools = ReconstructPools.empty(n_slots, H=H, HV=HV, K=K, V=V, max_nodes=T)
-    pools.state.copy_(torch.randn(pools.state.shape, generator=gen) * 0.3)
+    pools = ReconstructPools.empty(n_slots, H=H, HV=HV, K=K, V=V, max_nodes=T, device=DEVICE)
+    pools.state.copy_(torch.randn(pools.state.shape, generator=gen).to(DEVICE) * 0.3)
     runs = {True: pools, False: ReconstructPools(*(x.clone() for x in (pools.state, pools.u, pools.k, pools.g,
                                                                        pools.meta)))}
-    for step, accepted in enumerate((None, torch.tensor([5, 9, 10, 0]))):
+    for step, accepted in enumerate((None, torch.tensor([5, 9, 10, 0], device=DEVICE))):
         kw = dict(A_log=torch.randn(HV, generator=gen), a=torch.randn(B * T, HV, generator=gen),
                   b=torch.randn(B * T, HV, generator=gen), dt_bias=torch.randn(HV, generator=gen),
                   q=torch.randn(1, B * T, H, K, generator=gen), k=torch.randn(1, B * T, H, K, generator=gen),
                   v=torch.randn(1, B * T, HV, V, generator=gen), cu_seqlens=torch.arange(B + 1) * T,
                   ssm_state_indices=slots, accepted=accepted)
+        kw = {n: x.to(DEVICE) if isinstance(x, torch.Tensor) else x for n, x in kw.items()}
         outs = {kernels: hooks.tree_spec_update(runs[kernels], serving, kernels=kernels, **kw)[0]
                 for kernels in (True, False)}
         live = slice(0, (B - 1) * T)                                   # the padding row's outputs are nobody's
@@ -112,20 +115,21 @@ def test_the_store_all_tree_steps_kernel_path_equals_its_reference():
     from treewy.testing import rel_err
     gen = torch.Generator().manual_seed(4)
     widths, H, HV, K, V = (2, 1), 1, 2, 16, 16
-    serving = hooks.TreeServing(widths, "store_all", 16)
+    serving = hooks.TreeServing(widths, "store_all", 16, DEVICE)
     T = serving.layout.num_nodes
     B = 3
     blocks = (1 + torch.randperm(2 * T, generator=gen)).to(torch.int32).reshape(2, T)
-    blocks = torch.cat([blocks, torch.zeros(1, T, dtype=torch.int32)])      # the third: a padding row
-    pool = torch.randn(1 + 2 * T, HV, V, K, generator=gen) * 0.3
+    blocks = torch.cat([blocks, torch.zeros(1, T, dtype=torch.int32)]).to(DEVICE)   # the third: a padding row
+    pool = torch.randn(1 + 2 * T, HV, V, K, generator=gen).to(DEVICE) * 0.3
     pools = {True: pool, False: pool.clone()}
-    for step, accepted in enumerate((torch.tensor([0, 0, 0]), torch.tensor([4, 2, 0]))):
+    for step, accepted in enumerate(torch.tensor([[0, 0, 0], [4, 2, 0]], device=DEVICE)):
         kw = dict(A_log=torch.randn(HV, generator=gen), a=torch.randn(B * T, HV, generator=gen).bfloat16(),
                   b=torch.randn(B * T, HV, generator=gen).bfloat16(), dt_bias=torch.randn(HV, generator=gen),
                   q=torch.randn(1, B * T, H, K, generator=gen).bfloat16(),
                   k=torch.randn(1, B * T, H, K, generator=gen).bfloat16(),
                   v=torch.randn(1, B * T, HV, V, generator=gen).bfloat16(), cu_seqlens=torch.arange(B + 1) * T,
                   ssm_state_indices=blocks, accepted=accepted)
+        kw = {n: x.to(DEVICE) if isinstance(x, torch.Tensor) else x for n, x in kw.items()}
         outs = {kernels: hooks.store_all_tree_update(pools[kernels], serving, kernels=kernels, **kw)[0]
                 for kernels in (True, False)}
         live = slice(0, 2 * T)
@@ -232,8 +236,8 @@ def test_installed_hooks_get_vllms_tensors_and_uninstall_restores_vllm(stand_in,
     stock = (getattr(gdn, A.CONV_UPDATE), getattr(gdn, A.SPEC_UPDATE), sampler_cls.forward,
              runner_cls._prepare_inputs, runner_cls._update_states_after_model_execute)
     seen = {}
-    monkeypatch.setattr(tree_vllm, "tree_conv", lambda x, state, w, bias, slots, lay, act: (
-        seen.update(conv=(x, state, slots, act)), x)[1])
+    monkeypatch.setattr(tree_vllm, "naive_tree_conv_update", lambda x, state, w, bias, slots, acc, par, src, act: (
+        seen.update(conv=(x, state, slots, acc, act)), x)[1])
     monkeypatch.setattr(tree_vllm, "store_all_tree_update", lambda pool, serving, accepted, **kw: (
         seen.update(spec=(pool, accepted, kw)), ("tree", None))[1])
     tree_vllm.install("store_all", environ={"TREEWY_TREE": "2,1"})        # T = 5 nodes, depth 2
@@ -244,10 +248,9 @@ def test_installed_hooks_get_vllms_tensors_and_uninstall_restores_vllm(stand_in,
     x, slots, num_acc = torch.randn(2 * T, C), torch.tensor([3, 1]), torch.tensor([2, 1])
     getattr(gdn, A.CONV_UPDATE)(x, conv_state, torch.ones(C, 4), None, "silu", conv_state_indices=slots,
                                 num_accepted_tokens=num_acc, query_start_loc=torch.tensor([0, T, 2 * T]))
-    got_x, got_state, got_slots, act = seen["conv"]
+    got_x, got_state, got_slots, got_acc, act = seen["conv"]
     assert got_x.shape == (2 * T, C) and got_state is conv_state and got_slots is slots and act == "silu"
-    # the stash: columns 0..W - 2 advanced by the root, then nodes 1..N
-    assert torch.equal(conv_state[3, :, W1 - 1:W1 - 1 + T], x[:T].T) and torch.equal(conv_state[1, :, W1:], x[T + 1:].T)
+    assert got_acc.tolist() == [1, 0]                                   # the accepted node: num_accepted - 1
     getattr(gdn, A.CONV_UPDATE)(x, conv_state, None)                       # a plain-decode call: vLLM's
     assert len(stand_in.conv_calls) == 1 and len(seen) == 1
 

@@ -14,7 +14,7 @@ from treewy.ops.attention import (
     merge_attention_states, naive_compact_accepted_kv, naive_tree_attention, naive_tree_attention_merged,
 )
 from treewy.ops.commit import naive_tree_commit
-from treewy.ops.conv import naive_tree_conv1d, naive_tree_conv1d_commit
+from treewy.ops.conv import naive_tree_conv1d, naive_tree_conv1d_commit, naive_tree_conv_update
 from treewy.ops.gdn import gdn_step, gdn_step_textbook, path_cumsum
 from treewy.ops.store_all import naive_tree_recurrent
 from treewy.ops.verify import (
@@ -59,6 +59,7 @@ __all__ = [
     "naive_tree_commit",
     "naive_tree_conv1d",
     "naive_tree_conv1d_commit",
+    "naive_tree_conv_update",
     "naive_tree_recurrent",
     "naive_tree_step",
     "naive_tree_verify",

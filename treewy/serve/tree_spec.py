@@ -92,6 +92,7 @@ class TreeLayout:
         self.level_index = level_index.to(dev)
         self.children = [x.to(dev) for x in children]
         self.conv_src = conv_src.to(dev)
+        self.conv_src32 = self.conv_src.to(torch.int32).contiguous()
         self._rows: dict[int, torch.Tensor] = {}
 
     @property

@@ -31,7 +31,8 @@ vLLM's back. Installed, in the order of vLLM's step:
 The previous window's commit happens in the next forward, inside the graph: the GDN state's pending fold (as for
 chains; reconstruct's ``meta`` says whether anything is pending), and the conv state's. vLLM's conv pool holds
 W - 1 + N columns per slot: after a window, columns 0..W - 2 hold the committed inputs advanced by the root (always
-accepted) and columns W - 1.. the inputs of nodes 1..N, so the next step's fold is one gather (``fold_tree_conv``).
+accepted) and columns W - 1.. the inputs of nodes 1..N, so the next step's fold is one gather: fold, conv and stash
+are one launch (``tree_conv_update_fwd``, reference ``naive_tree_conv_update``).
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from treewy.ops.conv import naive_tree_conv_update
 from treewy.ops.verify.tuning import pin_first_configs
 from treewy.serve import vllm_adapter as adapter
 from treewy.serve.tree_plugin import (
-    TreeServing, compact_tree_kv, ngram_tree_drafts, store_all_tree_update, tree_attention_spec, tree_conv,
+    TreeServing, compact_tree_kv, ngram_tree_drafts, store_all_tree_update, tree_attention_spec,
     tree_from_env, tree_positions, tree_rejection_sample, tree_spec_update,
 )
 from treewy.serve.tree_mtp import TreePasses, mtp_tree_passes
@@ -164,41 +166,27 @@ def installed() -> list:
 # The GDN layer's spec rows
 # ------------------------------------------------------------------------------------------------------------------
 
-def fold_tree_conv(conv_state: torch.Tensor, slots: torch.Tensor, layout: TreeLayout, accepted: torch.Tensor) -> None:
-    """In place: the previous window's commit. Columns 0..W - 2 of each slot become the last W - 1 inputs on
-    root..accepted, from the columns ``stash_tree_conv`` wrote (node 0: nothing to add, as after a prefill).
-    ``layout.conv_src`` indexes [committed (W - 1) | nodes (T)]; the stash drops the oldest committed column (never
-    among the last W - 1 once the root is in), so the same indices minus 1 address the stashed columns."""
-    W1, s = layout.conv_width - 1, slots.long()
-    B, C = s.shape[0], conv_state.shape[1]
-    idx = (layout.conv_src[accepted.long().clamp(min=0)] - 1)[:, None, :].expand(B, C, W1)
-    conv_state[s, :, :W1] = conv_state[s].gather(2, idx)
-
-
-def stash_tree_conv(conv_state: torch.Tensor, x: torch.Tensor, slots: torch.Tensor, layout: TreeLayout) -> None:
-    """In place: columns 0..W - 2 advance by the root's input, columns W - 1..W - 2 + N take nodes 1..N's.
-    x [B * T, C]: the window's conv inputs."""
-    W1, T, s = layout.conv_width - 1, layout.num_nodes, slots.long()
-    B = s.shape[0]
-    window = x.reshape(B, T, -1).transpose(1, 2).to(conv_state.dtype)                 # [B, C, T]
-    conv_state[s, :, : W1 - 1 + T] = torch.cat([conv_state[s, :, 1:W1], window], -1)
-
-
 def tree_vllm_conv(layout: TreeLayout, x, conv_state, weight, bias=None, activation=None, *, conv_state_indices,
-                   num_accepted_tokens, **_) -> torch.Tensor:
+                   num_accepted_tokens, kernels: bool | None = None, **_) -> torch.Tensor:
     """vLLM's spec-row ``causal_conv1d_update`` on a tree window (its arguments): fold the previous window's
     accepted path (node = num_accepted_tokens - 1), every node's conv over its own path, stash this window. x
-    [n, C] packed (n >= B * T: rows past B * T are padding and come back 0); conv_state [slots, C, W - 1 + N]."""
+    [n, C] packed (n >= B * T: rows past B * T are padding and come back 0); conv_state [slots, C, W - 1 + N].
+    ``kernels`` None (on CUDA) or True: one launch (``tree_conv_update_fwd``; on a CPU under the Triton
+    interpreter); False: its reference ``naive_tree_conv_update``."""
     B, T = conv_state_indices.shape[0], layout.num_nodes
     if conv_state.shape[-1] < layout.conv_width - 2 + T:
         raise ValueError(f"conv_state has {conv_state.shape[-1]} columns per slot: a served tree needs W - 1 + N = "
                          f"{layout.conv_width - 2 + T} (num_speculative_tokens = N = {T - 1}; treewy serve --tree "
                          "sets it)")
-    slots = conv_state_indices
-    fold_tree_conv(conv_state, slots, layout, num_accepted_tokens[:B] - 1)
     act = "silu" if activation is True else (activation or None)
-    y = tree_conv(x[: B * T], conv_state, weight, bias, slots, layout, act)
-    stash_tree_conv(conv_state, x[: B * T], slots, layout)
+    node = num_accepted_tokens[:B] - 1
+    if x.is_cuda if kernels is None else kernels:
+        from treewy.ops.conv.kernel import tree_conv_update_fwd
+        y = tree_conv_update_fwd(x[: B * T].contiguous(), conv_state, weight, bias, conv_state_indices,
+                                 node.to(torch.int32), layout.parents32, layout.conv_src32, act)
+    else:
+        y = naive_tree_conv_update(x[: B * T], conv_state, weight, bias, conv_state_indices, node, layout.parents32,
+                                   layout.conv_src, act)
     if x.shape[0] == B * T:
         return y
     return torch.cat([y, y.new_zeros(x.shape[0] - B * T, y.shape[1])])

@@ -96,6 +96,99 @@ def tree_conv1d_commit_kernel(
     tl.store(p_cs, b_new.to(cs.dtype.element_ty), mask=m_cw)
 
 
+@triton.jit
+def _row(b_tile, o_w, j):
+    """Row j of a [BW, BC] tile as a [BC] vector (j a compile-time index)."""
+    return tl.sum(tl.where(o_w[:, None] == j, b_tile, 0.0), 0)
+
+
+@triton.jit(do_not_specialize=["stride_s", "stride_c", "stride_j", "stride_slot"])
+def tree_conv_update_kernel(
+    x, w, bias, cs, slots, accepted, parents, conv_src, y, stride_s, stride_c, stride_j, stride_slot,
+    T: tl.constexpr, C: tl.constexpr, W: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
+    HAS_BIAS: tl.constexpr, USE_SILU: tl.constexpr,
+):
+    """Request i_b's window (rows i_b T.. of the packed x) on pool slot slots[i_b] (<= 0: a padding row, whose
+    outputs are written as zeros and whose slot is left alone), channels i_c BC..: fold, conv, stash in registers.
+    The fold reads committed column j from stash column conv_src[a, j] - 1 (a = accepted[i_b], < 0 read as 0, whose
+    row is the identity), before anything is written; the stash writes columns 0..W - 3 (the folded columns 1..W - 2)
+    and W - 2..W - 3 + T (the window's inputs) after a barrier, so no program's read meets another thread's write."""
+    i_c, i_b = tl.program_id(0), tl.program_id(1)
+    i_b64 = i_b.to(tl.int64)
+    o_t = tl.arange(0, BT)
+    o_w = tl.arange(0, BW)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_t, m_c = o_t < T, o_c < C
+    m_tc = m_t[:, None] & m_c[None, :]
+    p_x = x + i_b64 * T * C
+    p_y = y + i_b64 * T * C + o_t[:, None] * C + o_c[None, :]
+    i_s = tl.load(slots + i_b * stride_slot).to(tl.int64)
+    if i_s <= 0:
+        tl.store(p_y, tl.zeros([BT, BC], dtype=tl.float32).to(y.dtype.element_ty), mask=m_tc)
+        return
+    p_cs = cs + i_s * stride_s + o_c.to(tl.int64) * stride_c
+    a = tl.maximum(tl.load(accepted + i_b), 0)
+    m_w = o_w < W - 1
+    b_src = tl.load(conv_src + a * (W - 1) + o_w, mask=m_w, other=1) - 1
+    b_hist = tl.load(p_cs[None, :] + b_src[:, None].to(tl.int64) * stride_j, mask=m_w[:, None] & m_c[None, :],
+                     other=0).to(tl.float32)   # [BW, BC]: the committed inputs after the fold, oldest first
+
+    b_cur = tl.where(m_t, o_t, -1)
+    b_over = tl.zeros([BT], dtype=tl.int32)
+    b_y = tl.zeros([BT, BC], dtype=tl.float32)
+    for s in tl.static_range(W):
+        b_w = tl.load(w + o_c * W + (W - 1 - s), mask=m_c, other=0).to(tl.float32)
+        m_node = b_cur >= 0
+        m_hist = (~m_node) & m_t & (b_over >= 1)
+        b_v = tl.load(p_x + b_cur[:, None] * C + o_c[None, :], mask=m_node[:, None] & m_c[None, :],
+                      other=0).to(tl.float32)
+        for j in tl.static_range(W - 1):
+            b_v += tl.where((m_hist & (W - 1 - b_over == j))[:, None], _row(b_hist, o_w, j)[None, :], 0.0)
+        b_y += b_v * b_w[None, :]
+        b_next = tl.load(parents + b_cur, mask=m_node, other=-1)
+        b_over = tl.where(m_node, (b_next < 0).to(tl.int32), b_over + 1)
+        b_cur = tl.where(m_node, b_next, -1)
+    if HAS_BIAS:
+        b_y += tl.load(bias + o_c, mask=m_c, other=0).to(tl.float32)[None, :]
+    if USE_SILU:
+        b_y = b_y * tl.sigmoid(b_y)
+    tl.store(p_y, b_y.to(y.dtype.element_ty), mask=m_tc)
+
+    b_xw = tl.load(p_x + o_t[:, None] * C + o_c[None, :], mask=m_tc, other=0)
+    tl.debug_barrier()
+    for j in tl.static_range(W - 2):
+        tl.store(p_cs + j * stride_j, _row(b_hist, o_w, j + 1).to(cs.dtype.element_ty), mask=m_c)
+    tl.store(p_cs[None, :] + (W - 2 + o_t[:, None]).to(tl.int64) * stride_j, b_xw.to(cs.dtype.element_ty),
+             mask=m_tc)
+
+
+def tree_conv_update_fwd(x, conv_state, weight, bias, slots, accepted, parents, conv_src, activation="silu"):
+    """One served tree step's conv on a serving pool, in place, in one launch (twin of ``naive_tree_conv_update``):
+    y [B * T, C] in x's dtype. x [B * T, C] packed windows (contiguous); conv_state [S, C, L] any strides, L >= W - 2
+    + T; weight [C, W]; bias [C] or None; slots int [B] (any stride; <= 0: padding rows, zeros out, slot untouched);
+    accepted int32 [B] (the previous window's node); parents int32 [T]; conv_src int32 [T, W - 1]."""
+    C, W = weight.shape
+    T, B = parents.shape[0], slots.shape[0]
+    for name, t, shape in (("x", x, (B * T, C)), ("accepted", accepted, (B,)), ("conv_src", conv_src, (T, W - 1))):
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}: expected {shape} (B = {B} slots, T = {T} nodes, "
+                             f"C = {C} channels, conv width W = {W})")
+    if conv_state.shape[1] != C or conv_state.shape[2] < W - 2 + T:
+        raise ValueError(f"conv_state has shape {tuple(conv_state.shape)}: expected [slots, C = {C}, >= W - 2 + T = "
+                         f"{W - 2 + T}] (the committed columns, then the window's stash)")
+    if not x.is_contiguous() or accepted.dtype != torch.int32 or conv_src.dtype != torch.int32:
+        raise ValueError("x must be contiguous and accepted, conv_src int32 (pass x.contiguous(), .to(torch.int32))")
+    y = torch.empty(B * T, C, device=x.device, dtype=x.dtype)
+    BC = min(64, triton.next_power_of_2(C))
+    tree_conv_update_kernel[(triton.cdiv(C, BC), B)](
+        x, weight, bias if bias is not None else weight, conv_state, slots, accepted, parents, conv_src, y,
+        conv_state.stride(0), conv_state.stride(1), conv_state.stride(2), slots.stride(0),
+        T=T, C=C, W=W, BT=triton.next_power_of_2(T), BW=triton.next_power_of_2(max(W - 1, 1)), BC=BC,
+        HAS_BIAS=bias is not None, USE_SILU=activation == "silu", num_warps=4,
+    )
+    return y
+
+
 def tree_conv1d_fwd(x, weight, conv_state, parents, stride_pb, bias=None, activation="silu"):
     B, T, C = x.shape
     W = weight.shape[1]

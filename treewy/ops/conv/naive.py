@@ -68,3 +68,28 @@ def naive_tree_conv1d_commit(x, conv_state, parents, accepted):
     a = check_accepted(accepted, B, T, x.device)
     win = _windows(x, conv_state.to(x.dtype), par, W)           # [B, T, C, W]
     return win[torch.arange(B, device=x.device), a, :, 1:].to(conv_state.dtype)
+
+
+def naive_tree_conv_update(x, conv_state, weight, bias, slots, accepted, parents, conv_src, activation="silu"):
+    """One served tree step's conv on a serving pool, in place (reference of ``tree_conv_update_fwd``): y [B * T, C].
+
+    conv_state [S, C, L] holds, per slot, the committed inputs in columns 0..W - 2 after a prefill, or after a tree
+    step the previous window's stash (columns 0..W - 3: the committed inputs but the oldest, W - 2..: the window's
+    inputs, root first). ``conv_src`` [T, W - 1]: node a's last W - 1 inputs as indices into [committed (W - 1) |
+    window (T)] (``TreeLayout.conv_src``); the stash dropped the oldest committed column, so index - 1 addresses it.
+    1. the fold: columns 0..W - 2 become accepted[b]'s (< 0: as 0, the identity);
+    2. every node's conv over its own path from those columns (``naive_tree_conv1d``);
+    3. the stash: columns 0..W - 3 + T become the folded columns 1..W - 2, then the window's inputs.
+    x [B * T, C]; slots int [B], accepted int [B], parents [T]. Slots <= 0 (padding rows) get zero outputs and their
+    slot is left as it is."""
+    B, T, W1 = slots.shape[0], conv_src.shape[0], weight.shape[1] - 1
+    C = x.shape[-1]
+    live = slots > 0
+    s = slots.long()[live]
+    src = (conv_src.long()[accepted.long().clamp(min=0)] - 1)[live]
+    committed = conv_state[s].gather(2, src[:, None, :].expand(-1, C, W1))
+    xw = x.reshape(B, T, C)[live]
+    y = x.new_zeros(B, T, C)
+    y[live] = naive_tree_conv1d(xw, weight, committed, parents, bias, activation)
+    conv_state[s, :, : W1 - 1 + T] = torch.cat([committed[..., 1:], xw.transpose(1, 2).to(conv_state.dtype)], -1)
+    return y.reshape(B * T, C)
