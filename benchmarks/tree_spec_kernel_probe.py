@@ -4,7 +4,10 @@ step, with the tiny checkpoint's GDN shapes (H 2, HV 4, K = V = 64) and the acce
 the largest relative error of the outputs, the state and the stash per (tree, batch, step). A GPU question the
 stand-in engine cannot ask (it runs on the CPU): is a served tree's divergence the kernels' or vLLM's wiring's?
 
-    python -m benchmarks.tree_spec_kernel_probe [--steps 6] [--trees "2,2,1;3,3,3"] [--batches 1,3,8,32]
+    [TREEWY_DOT_PRECISION=ieee] python -m benchmarks.tree_spec_kernel_probe [--steps 6] [--trees "2,2,1;3,3,3"]
+        [--batches 1,3,8,32]
+
+(the verify kernels' dots in the device default, tf32 on an H200, or exact fp32 under TREEWY_DOT_PRECISION=ieee)
 """
 
 from __future__ import annotations

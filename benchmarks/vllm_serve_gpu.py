@@ -686,7 +686,7 @@ def cmd_tree_tiny(args) -> int:
     from treewy.decode import generate
     from treewy.models import load
     from treewy.models.corpus import heldout_prompts
-    from treewy.ops.verify.tuning import pin_first_configs
+    from treewy.ops.verify.tuning import PRECISION_ENV, pin_first_configs
     from treewy.serve.export import export_vllm
     from treewy.serve.tree_trace import TRACE_ENV, TRACE_STEPS_ENV
 
@@ -702,7 +702,12 @@ def cmd_tree_tiny(args) -> int:
     report = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(0), "prompts": prompts,
               "new_tokens": args.new_tokens, "drafter": args.drafter, "temperature": args.temperature,
               "seed": args.seed if sampled else None, "compile": args.compile, "runs": [], "lines": []}
-    env_extra = {"TREEWY_FP32_PREFILL": "1", "TRITON_F32_DEFAULT": "ieee"}   # fp32: equal up to real near-ties
+    # fp32, equal up to real near-ties: vLLM's Triton dots (TRITON_F32_DEFAULT) and treewy's verify kernels, whose
+    # dots pass their precision explicitly (PRECISION_ENV; tf32 on an H200 by default), exact in the servers and in
+    # generate here. Run 8 (2026-12-05) had treewy's in tf32: reconstruct trees parted from generate (4-40 of 40
+    # equal), the store-all kernel (no tf32 dots) 40/40
+    env_extra = {"TREEWY_FP32_PREFILL": "1", "TRITON_F32_DEFAULT": "ieee", PRECISION_ENV: "ieee"}
+    os.environ[PRECISION_ENV] = "ieee"
     sampling = {"temperature": args.temperature, "seed": args.seed} if sampled else {}
     model = load("tiny", dtype=torch.float32, device="cuda")
     for tree in trees:

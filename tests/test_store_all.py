@@ -53,21 +53,21 @@ def test_store_all_over_a_pool_of_blocks_reads_and_writes_the_blocks_in_place():
     B, T, H, HV, K, V = 3, len(tree), 1, 2, 16, 12
     q, k, v, g, beta, _ = make_inputs(B, T, H, HV, K, V, seed=23)
     gen = torch.Generator().manual_seed(5)
-    page = torch.randn(1 + B * T, HV * V * K + 7, generator=gen)          # a block, then bytes of other tensors
+    page = torch.randn(1 + B * T, HV * V * K + 7, generator=gen).to(q.device)   # a block, then other tensors' bytes
     pool = page[:, : HV * V * K].view(1 + B * T, HV, V, K)
     blocks = (1 + torch.randperm(B * T, generator=gen)).to(torch.int32).reshape(B, T)
     blocks[2] = 0                                                          # a CUDA graph's padding row
-    start = torch.tensor([0, 2, 1], dtype=torch.int32)
+    blocks, start = blocks.to(q.device), torch.tensor([0, 2, 1], dtype=torch.int32, device=q.device)
     before = pool.clone()
-    S0 = before[blocks.long()[torch.arange(B), start.long()]]
-    parents = tree.parents.to(torch.int32)
+    S0 = before[blocks.long()[torch.arange(B, device=q.device), start.long()]]
+    parents = tree.parents.to(q.device, torch.int32)
     ro, rstates = store_all_verify_fwd(q, k, v, g, beta, S0, parents, 0, K ** -0.5)
     o, out = store_all_verify_fwd(q, k, v, g, beta, pool, parents, 0, K ** -0.5, blocks=blocks, start=start)
     assert out is pool
     live = blocks[:2].long()
     torch.testing.assert_close(o[:2], ro[:2], rtol=0, atol=0)
     torch.testing.assert_close(pool[live], rstates[:2], rtol=0, atol=0)
-    untouched = torch.ones(1 + B * T, dtype=torch.bool)
+    untouched = torch.ones(1 + B * T, dtype=torch.bool, device=q.device)
     untouched[live.flatten()] = False
     assert torch.equal(pool[untouched], before[untouched]), "the padding row and the other blocks stay as they were"
     with pytest.raises(ValueError, match="each block \\[HV, V, K\\] contiguous"):
