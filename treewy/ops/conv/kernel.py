@@ -29,21 +29,17 @@ from treewy.ops.common import MAX_KERNEL_NODES
 MAX_CONV_WIDTH = 8
 
 
-@triton.jit(do_not_specialize=["stride_pb"])
-def tree_conv1d_kernel(
-    x, w, bias, cs, parents, y, stride_pb,
-    T: tl.constexpr, C: tl.constexpr, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    HAS_BIAS: tl.constexpr, USE_SILU: tl.constexpr,
-):
-    i_c, i_b = tl.program_id(0), tl.program_id(1)
-    i_b64 = i_b.to(tl.int64)
-    o_t = tl.arange(0, BT)
-    o_c = i_c * BC + tl.arange(0, BC)
-    m_t, m_c = o_t < T, o_c < C
-    p_par = parents + i_b64 * stride_pb
-    p_x = x + i_b64 * T * C
-    p_cs = cs + i_b64 * C * (W - 1) + o_c[None, :] * (W - 1)
+@triton.jit
+def _row(b_tile, o_w, j):
+    """Row j of a [BW, BC] tile as a [BC] vector (j a compile-time index)."""
+    return tl.sum(tl.where(o_w[:, None] == j, b_tile, 0.0), 0)
 
+
+@triton.jit
+def _path_conv(p_x, p_par, w, bias, b_hist, o_t, o_w, o_c, m_t, m_c, C: tl.constexpr, W: tl.constexpr,
+               BT: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, USE_SILU: tl.constexpr):
+    """[BT, BC]: each node's conv over its own root..node path (inputs p_x [T, C], parents p_par), the committed
+    inputs b_hist [BW, BC] (oldest first) before the root; bias and SiLU applied."""
     b_cur = tl.where(m_t, o_t, -1)
     b_over = tl.zeros([BT], dtype=tl.int32)
     b_y = tl.zeros([BT, BC], dtype=tl.float32)
@@ -51,11 +47,11 @@ def tree_conv1d_kernel(
         b_w = tl.load(w + o_c * W + (W - 1 - s), mask=m_c, other=0).to(tl.float32)
         m_node = b_cur >= 0
         m_hist = (~m_node) & m_t & (b_over >= 1)
-        b_x = tl.load(p_x + b_cur[:, None] * C + o_c[None, :], mask=m_node[:, None] & m_c[None, :],
+        b_v = tl.load(p_x + b_cur[:, None] * C + o_c[None, :], mask=m_node[:, None] & m_c[None, :],
                       other=0).to(tl.float32)
-        b_s = tl.load(p_cs + (W - 1 - b_over)[:, None], mask=m_hist[:, None] & m_c[None, :],
-                      other=0).to(tl.float32)
-        b_y += (b_x + b_s) * b_w[None, :]
+        for j in tl.static_range(W - 1):
+            b_v += tl.where((m_hist & (W - 1 - b_over == j))[:, None], _row(b_hist, o_w, j)[None, :], 0.0)
+        b_y += b_v * b_w[None, :]
         b_next = tl.load(p_par + b_cur, mask=m_node, other=-1)
         b_over = tl.where(m_node, (b_next < 0).to(tl.int32), b_over + 1)
         b_cur = tl.where(m_node, b_next, -1)
@@ -63,6 +59,25 @@ def tree_conv1d_kernel(
         b_y += tl.load(bias + o_c, mask=m_c, other=0).to(tl.float32)[None, :]
     if USE_SILU:
         b_y = b_y * tl.sigmoid(b_y)
+    return b_y
+
+
+@triton.jit(do_not_specialize=["stride_pb"])
+def tree_conv1d_kernel(
+    x, w, bias, cs, parents, y, stride_pb,
+    T: tl.constexpr, C: tl.constexpr, W: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
+    HAS_BIAS: tl.constexpr, USE_SILU: tl.constexpr,
+):
+    i_c, i_b = tl.program_id(0), tl.program_id(1)
+    i_b64 = i_b.to(tl.int64)
+    o_t = tl.arange(0, BT)
+    o_w = tl.arange(0, BW)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_t, m_c = o_t < T, o_c < C
+    b_hist = tl.load(cs + i_b64 * C * (W - 1) + o_c[None, :] * (W - 1) + o_w[:, None],
+                     mask=(o_w < W - 1)[:, None] & m_c[None, :], other=0).to(tl.float32)   # [BW, BC]
+    b_y = _path_conv(x + i_b64 * T * C, parents + i_b64 * stride_pb, w, bias, b_hist, o_t, o_w, o_c, m_t, m_c,
+                     C, W, BT, BC, HAS_BIAS, USE_SILU)
     tl.store(y + i_b64 * T * C + o_t[:, None] * C + o_c[None, :], b_y.to(y.dtype.element_ty),
              mask=m_t[:, None] & m_c[None, :])
 
@@ -96,12 +111,6 @@ def tree_conv1d_commit_kernel(
     tl.store(p_cs, b_new.to(cs.dtype.element_ty), mask=m_cw)
 
 
-@triton.jit
-def _row(b_tile, o_w, j):
-    """Row j of a [BW, BC] tile as a [BC] vector (j a compile-time index)."""
-    return tl.sum(tl.where(o_w[:, None] == j, b_tile, 0.0), 0)
-
-
 @triton.jit(do_not_specialize=["stride_s", "stride_c", "stride_j", "stride_slot"])
 def tree_conv_update_kernel(
     x, w, bias, cs, slots, accepted, parents, conv_src, y, stride_s, stride_c, stride_j, stride_slot,
@@ -133,25 +142,7 @@ def tree_conv_update_kernel(
     b_hist = tl.load(p_cs[None, :] + b_src[:, None].to(tl.int64) * stride_j, mask=m_w[:, None] & m_c[None, :],
                      other=0).to(tl.float32)   # [BW, BC]: the committed inputs after the fold, oldest first
 
-    b_cur = tl.where(m_t, o_t, -1)
-    b_over = tl.zeros([BT], dtype=tl.int32)
-    b_y = tl.zeros([BT, BC], dtype=tl.float32)
-    for s in tl.static_range(W):
-        b_w = tl.load(w + o_c * W + (W - 1 - s), mask=m_c, other=0).to(tl.float32)
-        m_node = b_cur >= 0
-        m_hist = (~m_node) & m_t & (b_over >= 1)
-        b_v = tl.load(p_x + b_cur[:, None] * C + o_c[None, :], mask=m_node[:, None] & m_c[None, :],
-                      other=0).to(tl.float32)
-        for j in tl.static_range(W - 1):
-            b_v += tl.where((m_hist & (W - 1 - b_over == j))[:, None], _row(b_hist, o_w, j)[None, :], 0.0)
-        b_y += b_v * b_w[None, :]
-        b_next = tl.load(parents + b_cur, mask=m_node, other=-1)
-        b_over = tl.where(m_node, (b_next < 0).to(tl.int32), b_over + 1)
-        b_cur = tl.where(m_node, b_next, -1)
-    if HAS_BIAS:
-        b_y += tl.load(bias + o_c, mask=m_c, other=0).to(tl.float32)[None, :]
-    if USE_SILU:
-        b_y = b_y * tl.sigmoid(b_y)
+    b_y = _path_conv(p_x, parents, w, bias, b_hist, o_t, o_w, o_c, m_t, m_c, C, W, BT, BC, HAS_BIAS, USE_SILU)
     tl.store(p_y, b_y.to(y.dtype.element_ty), mask=m_tc)
 
     b_xw = tl.load(p_x + o_t[:, None] * C + o_c[None, :], mask=m_tc, other=0)
@@ -197,8 +188,8 @@ def tree_conv1d_fwd(x, weight, conv_state, parents, stride_pb, bias=None, activa
     grid = (triton.cdiv(C, BC), B)
     tree_conv1d_kernel[grid](
         x, weight, bias if bias is not None else weight, conv_state, parents, y, stride_pb,
-        T=T, C=C, W=W, BT=triton.next_power_of_2(T), BC=BC, HAS_BIAS=bias is not None,
-        USE_SILU=activation == "silu", num_warps=4,
+        T=T, C=C, W=W, BT=triton.next_power_of_2(T), BW=triton.next_power_of_2(max(W - 1, 1)), BC=BC,
+        HAS_BIAS=bias is not None, USE_SILU=activation == "silu", num_warps=4,
     )
     return y
 
