@@ -161,7 +161,7 @@ def test_the_served_tree_conv_update_names_a_misshapen_argument():
     W, C = lay.conv_width, 8
     args = dict(weight=torch.zeros(C, W), bias=None, slots=torch.ones(2, dtype=torch.int32),
                 accepted=torch.zeros(2, dtype=torch.int32), parents=lay.parents32, conv_src=lay.conv_src32)
-    with pytest.raises(ValueError, match=r"x has shape \(7, 8\): expected \(10, 8\)"):
+    with pytest.raises(ValueError, match=r"x has shape \(7, 8\), expected \(10, 8\) \(B = 2 slots, T = 5 nodes"):
         tree_conv_update_fwd(torch.zeros(7, C), torch.zeros(3, C, W - 1 + 5), **args)
     with pytest.raises(ValueError, match=r"conv_state has shape \(3, 8, 4\)"):
         tree_conv_update_fwd(torch.zeros(10, C), torch.zeros(3, C, 4), **args)

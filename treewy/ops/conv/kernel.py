@@ -22,7 +22,7 @@ import triton.language as tl
 from treewy.ops._triton import is_capturing
 from treewy.ops.checks import (
     check_accepted, check_contiguous, check_finite, check_kernel_device, check_kernel_dtype, check_kernel_nodes,
-    check_tensor, contiguous, conv_dims, kernel_parents,
+    check_shape, check_tensor, contiguous, conv_dims, kernel_parents,
 )
 from treewy.ops.common import MAX_KERNEL_NODES
 
@@ -160,15 +160,16 @@ def tree_conv_update_fwd(x, conv_state, weight, bias, slots, accepted, parents, 
     accepted int32 [B] (the previous window's node); parents int32 [T]; conv_src int32 [T, W - 1]."""
     C, W = weight.shape
     T, B = parents.shape[0], slots.shape[0]
+    dims = f"B = {B} slots, T = {T} nodes, C = {C} channels, conv width W = {W}"
     for name, t, shape in (("x", x, (B * T, C)), ("accepted", accepted, (B,)), ("conv_src", conv_src, (T, W - 1))):
-        if tuple(t.shape) != shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)}: expected {shape} (B = {B} slots, T = {T} nodes, "
-                             f"C = {C} channels, conv width W = {W})")
+        check_shape(name, t, shape, dims)
     if conv_state.shape[1] != C or conv_state.shape[2] < W - 2 + T:
         raise ValueError(f"conv_state has shape {tuple(conv_state.shape)}: expected [slots, C = {C}, >= W - 2 + T = "
                          f"{W - 2 + T}] (the committed columns, then the window's stash)")
-    if not x.is_contiguous() or accepted.dtype != torch.int32 or conv_src.dtype != torch.int32:
-        raise ValueError("x must be contiguous and accepted, conv_src int32 (pass x.contiguous(), .to(torch.int32))")
+    check_kernel_device(("x", x), ("conv_state", conv_state), ("weight", weight), ("slots", slots))
+    check_contiguous("x", x)
+    check_kernel_dtype("accepted", accepted, (torch.int32,))
+    check_kernel_dtype("conv_src", conv_src, (torch.int32,))
     y = torch.empty(B * T, C, device=x.device, dtype=x.dtype)
     BC = min(64, triton.next_power_of_2(C))
     tree_conv_update_kernel[(triton.cdiv(C, BC), B)](
