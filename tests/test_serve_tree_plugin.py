@@ -810,6 +810,79 @@ def test_the_trace_compares_the_leftmost_paths_with_vllms_ops_and_changes_nothin
         assert kw["initial_state"].shape[0] == idx.numel() + 1 and not kw["initial_state"][0].any()
 
 
+def test_a_reconstruct_trace_checks_the_gdn_step_and_its_slots_and_changes_nothing(tiny, stand_in, monkeypatch,
+                                                                                 tmp_path):
+    """Reconstruct's trace: every traced GDN step also runs its torch references on copies of its slots
+    (gdn_reference: on the CPU both are the references, so the differences are 0), and each conv and GDN call first
+    checks that the slots its layer's previous call left pending are as it left them (conv_untouched,
+    gdn_untouched). The tokens stay generate's."""
+    import contextlib
+    import json
+
+    import fake_tree_engine
+
+    from treewy.decode import generate
+    from treewy.serve import tree_vllm
+    model, prompts = tiny
+    widths, steps = (2, 2, 1), 4
+    monkeypatch.setattr(type(stand_in), "capturing", lambda self: contextlib.nullcontext())
+    monkeypatch.setattr(fake_tree_engine, "MTPDrafter", None)
+    engine = FakeTreeEngine(model, widths, "reconstruct", "mtp", vllm=stand_in, attn_backend="TRITON_ATTN")
+    path = tmp_path / "trace.jsonl"
+    tree_vllm.install("reconstruct", active_pools=lambda: engine.active_pools,
+                      environ={"TREEWY_TREE": "2,2,1", "TREEWY_TREE_TRACE": str(path),
+                               "TREEWY_TREE_TRACE_STEPS": str(steps)})
+    out, _ = engine.generate(prompts, NEW_TOKENS)
+    assert out == generate(model, prompts, drafter="mtp", tree=widths, commit="reconstruct",
+                           max_new_tokens=NEW_TOKENS, graphs=False).tokens
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    refs = [r for r in records if r["op"] == "gdn_reference"]
+    assert {r["step"] for r in refs} == set(range(1, steps + 1)) and refs[0]["max_ref"] > 0
+    assert all(v == 0.0 for r in refs for v in r["max_diff"].values())
+    pages = [r for r in records if r["op"] == "page"]     # the stand-in's pools are separate tensors: no page
+    assert pages and {r["step"] for r in pages} == {1} and [p[0] for p in pages[0]["parts"]]
+    for op in ("conv_untouched", "gdn_untouched"):
+        seen = [r for r in records if r["op"] == op]
+        assert {r["step"] for r in seen} == set(range(2, steps + 1))       # from the second step on
+        assert sum(r["slots"] for r in seen) > 0 and all(d == 0.0 for r in seen for d in r["max_diff"])
+
+
+def test_page_extents_place_each_view_in_a_slots_page():
+    """vLLM's page views (one raw buffer, each part a strided view at its offset, slot stride = page): each view's
+    bytes within a page; a view that runs into the next part, or past the page, shows."""
+    from treewy.serve.tree_trace import page_extents
+    raw = torch.zeros(5 * 64, dtype=torch.uint8)          # one page to spare for the view that runs past its own
+    conv = raw.view(torch.float32).as_strided((4, 3, 2), (16, 1, 3), 0)          # 24 bytes, transposed
+    state = raw.view(torch.float32).as_strided((4, 2, 4), (16, 4, 1), 6)         # bytes 24..56
+    meta = raw.view(torch.int32).as_strided((4, 1), (16, 1), 15)                 # bytes 60..64
+    page, spans = page_extents({"conv": conv, "state": state, "meta": meta})
+    assert page == 64 and spans == [(0, 24, "conv"), (24, 56, "state"), (60, 64, "meta")]
+    wide = raw.view(torch.float32).as_strided((4, 3, 4), (16, 4, 1), 6)
+    assert page_extents({"conv": conv, "state": wide})[1][1] == (24, 72, "state")    # past the page
+
+
+def test_the_trace_sees_a_pending_slot_written_by_someone_else(tmp_path):
+    """untouched: a change to a slot the op left pending is reported; a slot flushed since (meta 0: a prefill took it)
+    and padding rows are not looked at."""
+    import json
+
+    from treewy.serve.reconstruct import ReconstructPools
+    from treewy.serve.tree_trace import TreeTrace
+    pools = ReconstructPools.empty(5, H=1, HV=2, K=4, V=4, max_nodes=3)
+    trace = TreeTrace(str(tmp_path / "t.jsonl"), steps=2)
+    trace.step_no = 1
+    parts = (pools.state, pools.u)
+    trace.leave("gdn", torch.tensor([1, 3, -1]), parts)
+    pools.meta[1, 0], pools.meta[3, 0] = 3, 0
+    pools.state[1, 0, 0, 0] = 0.5          # pending: someone else wrote it
+    pools.state[3] = 1.0                   # flushed and refilled by its new request's prefill: fine
+    pools.u[4] = 2.0                       # never left by this op
+    trace.calls = {}
+    trace.untouched("gdn", parts, pools.meta)
+    (record,) = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert record["op"] == "gdn_untouched" and record["slots"] == 1 and record["max_diff"] == [0.5, 0.0]
+
+
 def test_the_trace_compares_the_conv_only_where_the_previous_node_is_on_the_leftmost_path(tmp_path):
     """vLLM's chain conv reads the previous window's first num_accepted stashed inputs as a chain: a reference only
     where the previous accepted node is one of 0..D (DFS order), so other windows are left out, and a step with none

@@ -11,6 +11,16 @@ num_computed + j there). One JSON line per record, appended to FILE:
   the leftmost paths between the tree's op and vLLM's, and the largest magnitude of vLLM's (``gdn``: store-all only;
   reconstruct's pools hold no state vLLM's kernel can read; ``conv``: only windows whose previous accepted node is
   on the leftmost path, both null when there is none);
+- reconstruct only, ``{"op": "gdn_reference", "layer": i, "max_diff": {"o", "state", "u", "k", "g"}, ...}``: the
+  served GDN step against its torch references (``tree_spec_update(kernels=False)``) run on copies of the step's
+  slots, every node of every window and what it leaves in the pools;
+- reconstruct only, once per GDN layer, ``{"op": "page", "layer": i, "page": bytes, "parts": [[name, start, end],
+  ...], "overlap": bool, "outside": bool}``: where each of the layer's pool views (conv state, state, u, k, g, meta)
+  lies within a slot's page (byte offsets from the slot's start) and whether two overlap or one leaves the page;
+- reconstruct only, ``{"op": "conv_untouched" | "gdn_untouched", "layer": i, "slots": n, "max_diff": [...]}``: how
+  much the slots this op wrote on its previous call in the layer changed since, among those still pending now (a
+  request's prefill flushes its slot first, so nothing else should have written them: a change is another op
+  writing into the page);
 - ``{"op": "sample", ...}``: per window the argmax of every node's logits, the drafts, the accepted node and the
   tokens the sampler hands vLLM.
 
@@ -36,6 +46,7 @@ class TreeTrace:
         if steps < 1:
             raise ValueError(f"{TRACE_STEPS_ENV}={steps}: trace at least one step")
         self.path, self.steps, self.step_no, self.calls = path, steps, 0, {}
+        self.left = {}     # (op, layer) -> (slots, [values]): what the op left in its slots on its last call
 
     @classmethod
     def from_env(cls, environ=os.environ) -> TreeTrace | None:
@@ -76,6 +87,56 @@ class TreeTrace:
         a, b = ours[path_rows].float(), ref[path_rows].float()
         self.write(op=op, layer=layer, max_diff=(a - b).abs().max().item(), max_ref=b.abs().max().item())
 
+    def _layer(self, op: str) -> int:
+        layer = self.calls.get(op, 0)
+        self.calls[op] = layer + 1
+        return layer
+
+    def untouched(self, op: str, parts, meta: torch.Tensor) -> None:
+        """Before ``op`` writes its slots: the largest change in ``parts`` (pool tensors indexed by slot) of the slots
+        it wrote on its last call in this layer that are still pending (``meta`` > 0: no prefill has flushed them)."""
+        layer = self.calls.get(op + "_untouched", 0)
+        left = self.left.get((op, layer))
+        if left is None:
+            return
+        slots, values = left
+        keep = meta[slots, 0] > 0
+        diffs = [(x[slots[keep]].float() - v[keep].float()).abs().max().item() if keep.any() else 0.0
+                 for x, v in zip(parts, values)]
+        self.write(op=op + "_untouched", layer=layer, slots=int(keep.sum()), max_diff=diffs)
+
+    def leave(self, op: str, slots: torch.Tensor, parts) -> None:
+        """After ``op`` wrote ``slots`` (int [B]; rows <= 0 are padding): keep what it left there for ``untouched``."""
+        layer = self._layer(op + "_untouched")
+        live = slots.long()[slots > 0]
+        self.left[(op, layer)] = (live, [x[live].clone() for x in parts])
+
+    def page(self, parts: dict) -> None:
+        """Once per layer: where the pool views ``parts`` (name -> [slots, ...] tensor, one page per slot) lie in a
+        slot's page (``page_extents``)."""
+        layer = self._layer("page")
+        if ("page", layer) in self.left:
+            return
+        self.left[("page", layer)] = True
+        page, spans = page_extents(parts)
+        ordered = sorted(spans)
+        overlap = any(a[1] > b[0] for a, b in zip(ordered, ordered[1:]))
+        self.write(op="page", layer=layer, page=page, parts=[[n, a, b] for a, b, n in ordered], overlap=overlap,
+                   outside=any(a < 0 or b > page for a, b, _ in ordered))
+
+    def reference(self, ours: torch.Tensor, ref: torch.Tensor, pools, copies, slots: torch.Tensor, T: int) -> None:
+        """Reconstruct's GDN step against its references on copies (``pools_on_copies``): o [B * T, ...] both, every
+        live window's nodes, and the pools' slots against the copies'."""
+        layer = self._layer("gdn_reference")
+        live = (slots > 0).nonzero().reshape(-1)
+        if live.numel() == 0:
+            return
+        rows = (live[:, None] * T + torch.arange(T, device=live.device)[None]).reshape(-1)
+        diff = {"o": _max_diff(ours[rows], ref[rows])}
+        for name in ("state", "u", "k", "g"):
+            diff[name] = _max_diff(getattr(pools, name)[slots[live].long()], getattr(copies, name)[live + 1])
+        self.write(op="gdn_reference", layer=layer, max_diff=diff, max_ref=ref[rows].float().abs().max().item())
+
     def sample(self, logits: torch.Tensor, drafts: torch.Tensor, accepted: torch.Tensor, tokens: torch.Tensor) -> None:
         """logits [n, T, V], drafts [n, N], accepted [n], tokens [n, D + 1]: the windows' sampler step."""
         self.write(op="sample", argmax=logits.argmax(-1).tolist(), drafts=drafts.tolist(), accepted=accepted.tolist(),
@@ -96,6 +157,35 @@ def spec_window_paths(B: int, layout, device, previous: torch.Tensor | None = No
     if previous is not None:
         starts = starts[previous[:B].to(device) <= layout.max_depth]
     return leftmost_path_rows(starts, layout.max_depth)
+
+
+def page_extents(parts: dict) -> tuple[int, list]:
+    """(page bytes, [(start, end, name)]): each view's bytes within one slot's page, from the first view's slot stride
+    (every view of a page pool shares it) and each view's storage offset and strides."""
+    first = next(iter(parts.values()))
+    page = first.stride(0) * first.element_size()
+    base = min(x.storage_offset() * x.element_size() for x in parts.values())
+    spans = []
+    for name, x in parts.items():
+        start = x.storage_offset() * x.element_size() - base
+        span = sum((n - 1) * st for n, st in zip(x.shape[1:], x.stride()[1:])) + 1
+        spans.append((start % page if page else start, (start % page if page else start) + span * x.element_size(),
+                      name))
+    return page, spans
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def pools_on_copies(pools, slots: torch.Tensor):
+    """(copies, own): the slots' reconstruct pools copied behind an empty slot 0, and each row's slot there (int32
+    [B]; 0 for padding rows, slot <= 0), for the references to run on without touching the pools."""
+    from treewy.serve.reconstruct import ReconstructPools
+    s = slots.long().clamp(min=0)
+    copies = ReconstructPools(*(_with_null_block(x[s]) for x in (pools.state, pools.u, pools.k, pools.g, pools.meta)))
+    own = torch.arange(1, slots.shape[0] + 1, dtype=torch.int32, device=slots.device)
+    return copies, torch.where(slots > 0, own, 0)
 
 
 def _with_null_block(blocks: torch.Tensor) -> torch.Tensor:

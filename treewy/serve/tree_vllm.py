@@ -54,7 +54,7 @@ from treewy.serve.tree_plugin import (
 from treewy.serve.tree_mtp import TreePasses, mtp_tree_passes
 from treewy.serve.tree_spec import TreeAcceptance, TreeLayout
 from treewy.serve.tree_trace import (
-    TreeTrace, leftmost_path_rows, spec_window_paths, stock_conv_on_copies, stock_spec_on_copies,
+    TreeTrace, leftmost_path_rows, pools_on_copies, spec_window_paths, stock_conv_on_copies, stock_spec_on_copies,
 )
 
 _INSTALLED: list[tuple[object, object]] = []   # (restore function, vLLM's original), in install order
@@ -131,7 +131,7 @@ def install(mode: str, *, active_pools=lambda: None, environ=os.environ) -> None
     RUNTIME.trace = TreeTrace.from_env(environ)
     pin_first_configs(True)   # no config timing over vLLM's pools, in or out of its graphs
     gdn = adapter.gdn_module()
-    _replace(adapter.conv_update, adapter.set_conv_update, gdn, _conv_route(adapter.conv_update(gdn)))
+    _replace(adapter.conv_update, adapter.set_conv_update, gdn, _conv_route(adapter.conv_update(gdn), active_pools))
     _replace(adapter.spec_update, adapter.set_spec_update, gdn, _spec_route(adapter.spec_update(gdn), active_pools))
     sampler = adapter.sampler_class()
     _replace(lambda c: c.__dict__[adapter.SAMPLER_FORWARD], lambda c, f: setattr(c, adapter.SAMPLER_FORWARD, f),
@@ -192,17 +192,23 @@ def tree_vllm_conv(layout: TreeLayout, x, conv_state, weight, bias=None, activat
     return torch.cat([y, y.new_zeros(x.shape[0] - B * T, y.shape[1])])
 
 
-def _conv_route(stock):
+def _conv_route(stock, active_pools):
     def conv_update(*args, **kwargs):
         if RUNTIME is None or kwargs.get(adapter.NUM_ACCEPTED) is None:
             return stock(*args, **kwargs)
         layout = RUNTIME.serving(args[0].device).layout
         ref = stock_conv_on_copies(stock, args, kwargs) if _tracing() else None
+        pools = active_pools() if ref is not None and RUNTIME.mode == "reconstruct" else None
+        if pools is not None:
+            RUNTIME.trace.page({"conv": args[1], **{n: getattr(pools, n) for n in ("state", "u", "k", "g", "meta")}})
+            RUNTIME.trace.untouched("conv", args[1:2], pools.meta)
         y = tree_vllm_conv(layout, *args, **kwargs)
         if ref is not None:
             B = kwargs[adapter.CONV_SLOTS].shape[0]
             previous = kwargs[adapter.NUM_ACCEPTED] - 1
             RUNTIME.trace.compare("conv", y, ref, spec_window_paths(B, layout, y.device, previous))
+        if pools is not None:
+            RUNTIME.trace.leave("conv", kwargs[adapter.CONV_SLOTS][:B], args[1:2])
         return y
     return conv_update
 
@@ -239,13 +245,31 @@ def _spec_route(stock, active_pools):
         if RUNTIME.mode == "reconstruct" and pools is None:
             return stock(*args, **kwargs)
         serving = RUNTIME.serving(kwargs["q"].device)
-        ref = stock_spec_on_copies(stock, kwargs) if _tracing() and pools is None else None
+        if _tracing() and pools is not None:
+            return _traced_reconstruct(serving, pools, kwargs)
+        ref = stock_spec_on_copies(stock, kwargs) if _tracing() else None
         out = tree_vllm_spec_update(serving, pools, **kwargs)
         if ref is not None:
             B = kwargs["cu_seqlens"].shape[0] - 1
             RUNTIME.trace.compare("gdn", out[0][0], ref, spec_window_paths(B, serving.layout, ref.device))
         return out
     return spec_update
+
+
+def _traced_reconstruct(serving: TreeServing, pools, kwargs):
+    """Reconstruct's traced GDN step: are its slots as its previous call left them, and does the served step equal
+    its torch references run on copies of them (``tree_trace``'s gdn_untouched and gdn_reference records)?"""
+    B, T = kwargs["cu_seqlens"].shape[0] - 1, serving.layout.num_nodes
+    slots = kwargs["ssm_state_indices"][:B, 0]
+    parts = (pools.state, pools.u, pools.k, pools.g)
+    RUNTIME.trace.untouched("gdn", parts, pools.meta)
+    copies, own = pools_on_copies(pools, slots)
+    out = tree_vllm_spec_update(serving, pools, **kwargs)
+    ref = tree_vllm_spec_update(serving, copies, **{**kwargs, "ssm_state_indices": own[:, None].expand(-1, T),
+                                                    "kernels": False})
+    RUNTIME.trace.reference(out[0][0], ref[0][0], pools, copies, slots, T)
+    RUNTIME.trace.leave("gdn", slots, parts)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------------------
