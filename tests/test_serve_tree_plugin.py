@@ -839,6 +839,7 @@ def test_a_reconstruct_trace_checks_the_gdn_step_and_its_slots_and_changes_nothi
     refs = [r for r in records if r["op"] == "gdn_reference"]
     assert {r["step"] for r in refs} == set(range(1, steps + 1)) and refs[0]["max_ref"] > 0
     assert all(v == 0.0 for r in refs for v in r["max_diff"].values())
+    assert all(r["meta"] == [0 if r["step"] == 1 else 11] * len(prompts) for r in refs)   # 11 nodes pending
     pages = [r for r in records if r["op"] == "page"]     # the stand-in's pools are separate tensors: no page
     assert pages and {r["step"] for r in pages} == {1} and [p[0] for p in pages[0]["parts"]]
     for op in ("conv_untouched", "gdn_untouched"):

@@ -13,7 +13,8 @@ num_computed + j there). One JSON line per record, appended to FILE:
   on the leftmost path, both null when there is none);
 - reconstruct only, ``{"op": "gdn_reference", "layer": i, "max_diff": {"o", "state", "u", "k", "g"}, ...}``: the
   served GDN step against its torch references (``tree_spec_update(kernels=False)``) run on copies of the step's
-  slots, every node of every window and what it leaves in the pools;
+  slots, every node of every window and what it leaves in the pools, with the slots and their meta words before
+  the step (nonzero: a window pending; a request's first window should find 0);
 - reconstruct only, once per GDN layer, ``{"op": "page", "layer": i, "page": bytes, "parts": [[name, start, end],
   ...], "overlap": bool, "outside": bool}``: where each of the layer's pool views (conv state, state, u, k, g, meta)
   lies within a slot's page (byte offsets from the slot's start) and whether two overlap or one leaves the page;
@@ -124,9 +125,11 @@ class TreeTrace:
         self.write(op="page", layer=layer, page=page, parts=[[n, a, b] for a, b, n in ordered], overlap=overlap,
                    outside=any(a < 0 or b > page for a, b, _ in ordered))
 
-    def reference(self, ours: torch.Tensor, ref: torch.Tensor, pools, copies, slots: torch.Tensor, T: int) -> None:
+    def reference(self, ours: torch.Tensor, ref: torch.Tensor, pools, copies, slots: torch.Tensor, T: int,
+                  meta_before: torch.Tensor) -> None:
         """Reconstruct's GDN step against its references on copies (``pools_on_copies``): o [B * T, ...] both, every
-        live window's nodes, and the pools' slots against the copies'."""
+        live window's nodes, and the pools' slots against the copies'; meta_before [B]: the slots' meta words before
+        the step."""
         layer = self._layer("gdn_reference")
         live = (slots > 0).nonzero().reshape(-1)
         if live.numel() == 0:
@@ -135,7 +138,8 @@ class TreeTrace:
         diff = {"o": _max_diff(ours[rows], ref[rows])}
         for name in ("state", "u", "k", "g"):
             diff[name] = _max_diff(getattr(pools, name)[slots[live].long()], getattr(copies, name)[live + 1])
-        self.write(op="gdn_reference", layer=layer, max_diff=diff, max_ref=ref[rows].float().abs().max().item())
+        self.write(op="gdn_reference", layer=layer, max_diff=diff, max_ref=ref[rows].float().abs().max().item(),
+                   slots=slots.tolist(), meta=meta_before.tolist())
 
     def sample(self, logits: torch.Tensor, drafts: torch.Tensor, accepted: torch.Tensor, tokens: torch.Tensor) -> None:
         """logits [n, T, V], drafts [n, N], accepted [n], tokens [n, D + 1]: the windows' sampler step."""

@@ -264,10 +264,11 @@ def _traced_reconstruct(serving: TreeServing, pools, kwargs):
     parts = (pools.state, pools.u, pools.k, pools.g)
     RUNTIME.trace.untouched("gdn", parts, pools.meta)
     copies, own = pools_on_copies(pools, slots)
+    meta_before = copies.meta[1:, 0].clone()
     out = tree_vllm_spec_update(serving, pools, **kwargs)
     ref = tree_vllm_spec_update(serving, copies, **{**kwargs, "ssm_state_indices": own[:, None].expand(-1, T),
                                                     "kernels": False})
-    RUNTIME.trace.reference(out[0][0], ref[0][0], pools, copies, slots, T)
+    RUNTIME.trace.reference(out[0][0], ref[0][0], pools, copies, slots, T, meta_before)
     RUNTIME.trace.leave("gdn", slots, parts)
     return out
 
