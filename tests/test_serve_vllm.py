@@ -245,6 +245,18 @@ def test_plugin_in_a_stand_in_vllm(monkeypatch, line):
     assert kw[vllm_adapter.NUM_ACCEPTED].tolist() == [2, 1] and kw["ssm_state_indices"] is md.spec_state_indices_tensor
     assert len(vllm.stock_calls) == 1 and vllm_adapter.NUM_ACCEPTED not in vllm.stock_calls[0]
 
+    # a prefill that starts a request (no initial state) may land on a block another layer's page filled: its meta
+    # word is stale bytes (served trees folded such "windows" into new requests, 2026-12-05), so it is reset before
+    # the flush; a row that continues its state keeps its window for the flush to commit
+    md.num_prefills = 3
+    md.non_spec_state_indices_tensor = torch.tensor([5, 6, -1])
+    md.has_initial_state = torch.tensor([False, True, False])
+    pools.meta[5, 0], pools.meta[6, 0], pools.meta[0, 0] = 1041592600, 3, 0
+    seen.clear()
+    layer._forward_core("qkv", "b", "a", None)
+    assert seen[0][0] == "flush" and seen[0][2].tolist() == [5, 6, -1]
+    assert pools.meta[:7, 0].tolist() == [0, 0, 0, 0, 0, 0, 3]
+    md.has_initial_state = None
     md.num_prefills = 0            # a step of spec rows only: nothing to flush
     seen.clear()
     layer._forward_core("qkv", "b", "a", None)

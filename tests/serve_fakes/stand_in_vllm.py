@@ -37,6 +37,7 @@ class Metadata:
     num_decodes: int = 0
     non_spec_state_indices_tensor: torch.Tensor | None = None
     spec_state_indices_tensor: torch.Tensor | None = None
+    has_initial_state: torch.Tensor | None = None
 
 
 @dataclasses.dataclass

@@ -32,11 +32,13 @@ import contextvars
 import faulthandler
 import os
 
+import torch
+
 from treewy.memory import check_tp
 from treewy.serve import fp32_prefill
 from treewy.serve import vllm_adapter as adapter
 from treewy.serve.launcher_process import STACKS_ENV, STACKS_SIGNAL
-from treewy.serve.reconstruct import ReconstructPools, flush_slots, stash_layout, vllm_spec_update
+from treewy.serve.reconstruct import ReconstructPools, flush_slots, reset_slots, stash_layout, vllm_spec_update
 
 _PATCHED = "_treewy_reconstruct_patched"
 _ACTIVE_LAYER = contextvars.ContextVar("treewy_active_gdn_layer", default=None)
@@ -198,8 +200,14 @@ def _layer_class(gdn, line: str):
             md = adapter.layer_metadata(self)
             flush = adapter.non_spec_slots(md)
             if flush is not None:
+                pools = self.treewy_pools()
+                fresh = adapter.fresh_non_spec_rows(md)
+                if fresh is not None:
+                    # a new request's block may have been another layer's page (vLLM's groups share blocks): its
+                    # meta word is stale bytes, which must not read as a pending window
+                    reset_slots(pools, torch.where(fresh, flush, 0))
                 # vLLM's prefill / plain-decode kernels read these slots' state directly
-                flush_slots(self.treewy_pools(), flush)
+                flush_slots(pools, flush)
             idx = adapter.spec_slots(md)
             if idx is not None:
                 # every spec row's state and conv window live in the request's first block: one block per

@@ -280,5 +280,6 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def reset_slots(pools: ReconstructPools, slots: torch.Tensor) -> None:
-    """Forget the pending window of these slots (a prefill wrote their state from scratch)."""
-    pools.meta[slots.long().clamp(min=0), 0] = 0     # slot 0 (the NULL block) holds nothing: no mask needed
+    """Forget the pending window of these slots (a prefill writes their state from scratch). No host sync, and no
+    host value copied in (a CUDA-graph capture refuses that); slot 0 (the NULL block) holds nothing: no mask needed."""
+    pools.meta[:, 0].index_fill_(0, slots.long().clamp(min=0), 0)

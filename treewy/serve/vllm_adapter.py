@@ -65,6 +65,8 @@ SPECULATIVE_CONFIG, NUM_SPECULATIVE_TOKENS = "speculative_config", "num_speculat
 #: GDNAttentionMetadata fields the layer's forward reads: row counts, the state slots of the non-spec and spec rows.
 MD_NUM_PREFILLS, MD_NUM_DECODES = "num_prefills", "num_decodes"
 MD_NON_SPEC_SLOTS, MD_SPEC_SLOTS = "non_spec_state_indices_tensor", "spec_state_indices_tensor"
+#: per non-spec row (decodes, then prefills), whether it continues a state (context > 0); None without prefills
+MD_HAS_INITIAL_STATE = "has_initial_state"
 
 #: Fused decode paths of the layer that bypass ``SPEC_UPDATE`` (switched off in reconstruct mode), per release line.
 FUSED_PATH_FLAGS = {"0.26": ("enable_packed_recurrent_decode",),
@@ -211,6 +213,13 @@ def non_spec_slots(md):
     if md is None or (getattr(md, MD_NUM_PREFILLS) == 0 and getattr(md, MD_NUM_DECODES) == 0):
         return None
     return getattr(md, MD_NON_SPEC_SLOTS)
+
+
+def fresh_non_spec_rows(md):
+    """bool [non-spec rows]: the rows that start a request's state from nothing (a prefill's first chunk), whose slot
+    holds whatever the block held before; None when the step has no prefill (every plain decode continues a state)."""
+    has = getattr(md, MD_HAS_INITIAL_STATE, None) if md is not None else None
+    return None if has is None else ~has
 
 
 def spec_slots(md):

@@ -54,8 +54,8 @@ NAMES: tuple[Name, ...] = (
     *(Name(KV, f"{A.MAMBA_SPEC}.{f}", kind="field") for f in (A.SPEC_SPARE_BLOCKS, A.SPEC_SHAPES, A.SPEC_DTYPES)),
     Name(MD, "GDNAttentionMetadata", kind="class"),
     *(Name(MD, f"GDNAttentionMetadata.{f}", kind="field") for f in (
-        A.MD_NUM_PREFILLS, A.MD_NUM_DECODES, A.MD_NON_SPEC_SLOTS, A.MD_SPEC_SLOTS, "spec_query_start_loc",
-        "num_accepted_tokens")),
+        A.MD_NUM_PREFILLS, A.MD_NUM_DECODES, A.MD_NON_SPEC_SLOTS, A.MD_SPEC_SLOTS, A.MD_HAS_INITIAL_STATE,
+        "spec_query_start_loc", "num_accepted_tokens")),
     Name(A.FORWARD_CONTEXT_MODULE, A.GET_FORWARD_CONTEXT),
     Name(A.FORWARD_CONTEXT_MODULE, f"ForwardContext.{A.ATTN_METADATA}", kind="field"),
     # the path from a VllmConfig to the shape the model classes' page planning needs
