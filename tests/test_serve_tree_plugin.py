@@ -750,6 +750,30 @@ def test_the_tree_tables_are_never_first_built_inside_a_capture(monkeypatch):
     assert (runtime.serving("cpu"), runtime.passes("cpu")) == built
 
 
+def _traced_run(tiny, stand_in, monkeypatch, tmp_path, widths, mode: str, steps: int):
+    """The stand-in engine with the tree hooks and TREEWY_TREE_TRACE on its first ``steps`` steps, eager (the trace
+    reads values back): asserts its tokens are generate's, returns (engine, the trace's records)."""
+    import contextlib
+    import json
+
+    import fake_tree_engine
+
+    from treewy.decode import generate
+    from treewy.serve import tree_vllm
+    model, prompts = tiny
+    monkeypatch.setattr(type(stand_in), "capturing", lambda self: contextlib.nullcontext())   # eager: reads back
+    monkeypatch.setattr(fake_tree_engine, "MTPDrafter", None)
+    engine = FakeTreeEngine(model, widths, mode, "mtp", vllm=stand_in, attn_backend="TRITON_ATTN")
+    path = tmp_path / "trace.jsonl"
+    tree_vllm.install(mode, active_pools=lambda: engine.active_pools,
+                      environ={"TREEWY_TREE": ",".join(map(str, widths)), "TREEWY_TREE_TRACE": str(path),
+                               "TREEWY_TREE_TRACE_STEPS": str(steps)})
+    out, _ = engine.generate(prompts, NEW_TOKENS)
+    assert out == generate(model, prompts, drafter="mtp", tree=widths, commit=mode, max_new_tokens=NEW_TOKENS,
+                           graphs=False).tokens
+    return engine, [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def test_the_trace_compares_the_leftmost_paths_with_vllms_ops_and_changes_nothing(tiny, stand_in, monkeypatch,
                                                                                   tmp_path):
     """TREEWY_TREE_TRACE (an eager server's diagnosis): on the first steps, every hooked op also runs vLLM's on
@@ -757,14 +781,7 @@ def test_the_trace_compares_the_leftmost_paths_with_vllms_ops_and_changes_nothin
     attention is a real causal attention, so there the difference is rounding; its conv and spec kernel are stand-ins
     (the conv returns x, the spec kernel zeros), so there the records only show that each got copies, never the
     pools. The tokens are generate's with the trace on."""
-    import contextlib
-
-    import fake_tree_engine
-
-    from treewy.decode import generate
-    from treewy.serve import tree_vllm
     from treewy.serve import vllm_adapter as A
-    model, prompts = tiny
     widths, steps = (2, 2, 1), 3
     spec_calls = []
 
@@ -773,18 +790,7 @@ def test_the_trace_compares_the_leftmost_paths_with_vllms_ops_and_changes_nothin
         n, (HV, V) = kw["q"].shape[1], kw["v"].shape[-2:]
         return torch.zeros(1, n, HV, V, dtype=kw["v"].dtype), None
     monkeypatch.setattr(stand_in.gdn, A.SPEC_UPDATE, spec_stock)
-    monkeypatch.setattr(type(stand_in), "capturing", lambda self: contextlib.nullcontext())   # eager: reads back
-    monkeypatch.setattr(fake_tree_engine, "MTPDrafter", None)
-    engine = FakeTreeEngine(model, widths, "store_all", "mtp", vllm=stand_in, attn_backend="TRITON_ATTN")
-    path = tmp_path / "trace.jsonl"
-    tree_vllm.install("store_all", active_pools=lambda: engine.active_pools,
-                      environ={"TREEWY_TREE": "2,2,1", "TREEWY_TREE_TRACE": str(path),
-                               "TREEWY_TREE_TRACE_STEPS": str(steps)})
-    out, _ = engine.generate(prompts, NEW_TOKENS)
-    assert out == generate(model, prompts, drafter="mtp", tree=widths, commit="store_all",
-                           max_new_tokens=NEW_TOKENS, graphs=False).tokens
-    import json
-    records = [json.loads(line) for line in path.read_text().splitlines()]
+    engine, records = _traced_run(tiny, stand_in, monkeypatch, tmp_path, widths, "store_all", steps)
     assert {r["step"] for r in records} == set(range(1, steps + 1))
     for step in range(1, steps + 1):
         ops = [r for r in records if r["step"] == step]
@@ -816,26 +822,9 @@ def test_a_reconstruct_trace_checks_the_gdn_step_and_its_slots_and_changes_nothi
     (gdn_reference: on the CPU both are the references, so the differences are 0), and each conv and GDN call first
     checks that the slots its layer's previous call left pending are as it left them (conv_untouched,
     gdn_untouched). The tokens stay generate's."""
-    import contextlib
-    import json
-
-    import fake_tree_engine
-
-    from treewy.decode import generate
-    from treewy.serve import tree_vllm
-    model, prompts = tiny
-    widths, steps = (2, 2, 1), 4
-    monkeypatch.setattr(type(stand_in), "capturing", lambda self: contextlib.nullcontext())
-    monkeypatch.setattr(fake_tree_engine, "MTPDrafter", None)
-    engine = FakeTreeEngine(model, widths, "reconstruct", "mtp", vllm=stand_in, attn_backend="TRITON_ATTN")
-    path = tmp_path / "trace.jsonl"
-    tree_vllm.install("reconstruct", active_pools=lambda: engine.active_pools,
-                      environ={"TREEWY_TREE": "2,2,1", "TREEWY_TREE_TRACE": str(path),
-                               "TREEWY_TREE_TRACE_STEPS": str(steps)})
-    out, _ = engine.generate(prompts, NEW_TOKENS)
-    assert out == generate(model, prompts, drafter="mtp", tree=widths, commit="reconstruct",
-                           max_new_tokens=NEW_TOKENS, graphs=False).tokens
-    records = [json.loads(line) for line in path.read_text().splitlines()]
+    _, prompts = tiny
+    steps = 4
+    _, records = _traced_run(tiny, stand_in, monkeypatch, tmp_path, (2, 2, 1), "reconstruct", steps)
     refs = [r for r in records if r["op"] == "gdn_reference"]
     assert {r["step"] for r in refs} == set(range(1, steps + 1)) and refs[0]["max_ref"] > 0
     assert all(v == 0.0 for r in refs for v in r["max_diff"].values())

@@ -48,6 +48,7 @@ class TreeTrace:
             raise ValueError(f"{TRACE_STEPS_ENV}={steps}: trace at least one step")
         self.path, self.steps, self.step_no, self.calls = path, steps, 0, {}
         self.left = {}     # (op, layer) -> (slots, [values]): what the op left in its slots on its last call
+        self.paged = set()  # the layers whose page record is written
 
     @classmethod
     def from_env(cls, environ=os.environ) -> TreeTrace | None:
@@ -80,8 +81,7 @@ class TreeTrace:
 
     def compare(self, op: str, ours: torch.Tensor, ref: torch.Tensor, path_rows: torch.Tensor) -> None:
         """ours, ref [rows, ...]: one op's output, the tree's and vLLM's; path_rows: the leftmost paths' rows."""
-        layer = self.calls.get(op, 0)
-        self.calls[op] = layer + 1
+        layer = self._layer(op)
         if path_rows.numel() == 0:   # no window where vLLM's op is a reference (see spec_window_paths)
             self.write(op=op, layer=layer, max_diff=None, max_ref=None)
             return
@@ -116,9 +116,9 @@ class TreeTrace:
         """Once per layer: where the pool views ``parts`` (name -> [slots, ...] tensor, one page per slot) lie in a
         slot's page (``page_extents``)."""
         layer = self._layer("page")
-        if ("page", layer) in self.left:
+        if layer in self.paged:
             return
-        self.left[("page", layer)] = True
+        self.paged.add(layer)
         page, spans = page_extents(parts)
         ordered = sorted(spans)
         overlap = any(a[1] > b[0] for a, b in zip(ordered, ordered[1:]))
@@ -172,9 +172,9 @@ def page_extents(parts: dict) -> tuple[int, list]:
     spans = []
     for name, x in parts.items():
         start = x.storage_offset() * x.element_size() - base
+        start = start % page if page else start
         span = sum((n - 1) * st for n, st in zip(x.shape[1:], x.stride()[1:])) + 1
-        spans.append((start % page if page else start, (start % page if page else start) + span * x.element_size(),
-                      name))
+        spans.append((start, start + span * x.element_size(), name))
     return page, spans
 
 

@@ -199,16 +199,16 @@ def _conv_route(stock, active_pools):
         layout = RUNTIME.serving(args[0].device).layout
         ref = stock_conv_on_copies(stock, args, kwargs) if _tracing() else None
         pools = active_pools() if ref is not None and RUNTIME.mode == "reconstruct" else None
+        slots = kwargs[adapter.CONV_SLOTS]
         if pools is not None:
             RUNTIME.trace.page({"conv": args[1], **{n: getattr(pools, n) for n in ("state", "u", "k", "g", "meta")}})
             RUNTIME.trace.untouched("conv", args[1:2], pools.meta)
         y = tree_vllm_conv(layout, *args, **kwargs)
         if ref is not None:
-            B = kwargs[adapter.CONV_SLOTS].shape[0]
             previous = kwargs[adapter.NUM_ACCEPTED] - 1
-            RUNTIME.trace.compare("conv", y, ref, spec_window_paths(B, layout, y.device, previous))
+            RUNTIME.trace.compare("conv", y, ref, spec_window_paths(slots.shape[0], layout, y.device, previous))
         if pools is not None:
-            RUNTIME.trace.leave("conv", kwargs[adapter.CONV_SLOTS][:B], args[1:2])
+            RUNTIME.trace.leave("conv", slots, args[1:2])
         return y
     return conv_update
 
