@@ -86,6 +86,7 @@ VLLM_026_ARGS = ["--language-model-only", "--gdn-prefill-backend", "triton"]
 ENV_MULTI_GPU = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 ENV_026 = {"VLLM_USE_FLASHINFER_SAMPLER": "0", **ENV_MULTI_GPU}
 COMPILE = {"default": {}, "decode": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
+           "piecewise": {"mode": 3, "cudagraph_mode": "PIECEWISE"},   # attention and GDN layers outside the graphs
            "eager": {"mode": 0, "cudagraph_mode": "NONE"}}
 
 

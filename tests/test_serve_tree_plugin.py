@@ -78,7 +78,10 @@ def test_the_reconstruct_spec_steps_kernel_path_equals_its_references(monkeypatc
     GPU runs; here under the Triton interpreter) against its torch references over the requests' rows: two steps of
     three windows on shuffled slots beside a padded row (slot 0), the second folding nodes off the leftmost path.
     The kernel path once read the pending parents of requests past the first beyond the topology tensor's end (a
-    served (2, 2, 1) tree hung at 32 requests on the H200, 2026-12-04)."""
+    served (2, 2, 1) tree hung at 32 requests on the H200, 2026-12-04). The slots arrive as vLLM's CUDA-graph
+    buffer holds them, [B, T] with each row the slot repeated, so column 0 has stride T: the verify kernel read slot
+    b at offset b, request 1 took request 0's slot, and under full graphs a reconstruct tree parted from generate
+    from 2 requests on (2026-12-05)."""
     from treewy.ops.verify.tuning import PRECISION_ENV
     monkeypatch.setenv(PRECISION_ENV, "ieee")   # a GPU's verify dots in tf32 part by about 5e-4 (2026-12-05)
     from treewy.serve.reconstruct import ReconstructPools
@@ -87,8 +90,9 @@ def test_the_reconstruct_spec_steps_kernel_path_equals_its_references(monkeypatc
     widths, H, HV, K, V, n_slots = (2, 2, 1), 1, 2, 16, 16, 8
     serving = hooks.TreeServing(widths, "reconstruct", n_slots, DEVICE)
     T = serving.layout.num_nodes
-    slots = torch.tensor([[6], [2], [5], [0]], device=DEVICE)          # the fourth: a CUDA graph's padding row
-    B = slots.shape[0]
+    B = 4
+    slots = torch.tensor([[6], [2], [5], [0]], device=DEVICE,                  # the fourth: a padding row
+                         dtype=torch.int32).expand(B, T).contiguous()          # int32, as vLLM's buffer
     pools = ReconstructPools.empty(n_slots, H=H, HV=HV, K=K, V=V, max_nodes=T, device=DEVICE)
     pools.state.copy_(torch.randn(pools.state.shape, generator=gen).to(DEVICE) * 0.3)
     runs = {True: pools, False: ReconstructPools(*(x.clone() for x in (pools.state, pools.u, pools.k, pools.g,

@@ -980,16 +980,22 @@ def test_offline_compile_reports_registers_and_sass():
 
 # ---- a serving engine's pools ----
 
+@pytest.mark.parametrize("strided", [False, True], ids=["slots", "strided-slots"])
 @pytest.mark.parametrize("kernel,T", [("chain", 4), ("path", 7)])
-def test_state_indices_read_and_write_pool_slots(kernel, T):
+def test_state_indices_read_and_write_pool_slots(kernel, T, strided):
     """A serving engine's pool: request b's state and pending stash live in slot state_indices[b] of pools whose
     slot stride is not the row size. The result equals gathering those slots, running the plain call and
-    scattering back; slots nobody names are not touched."""
+    scattering back; slots nobody names are not touched. Strided: the slots as column 0 of a [B, T] table, what
+    vLLM's CUDA-graph buffer hands a served tree (stride T; read at offset b, request 1 took request 0's slot and
+    a reconstruct tree under full graphs parted from generate at 2 requests and more, 2026-12-05)."""
     gen = torch.Generator().manual_seed(5)
     B, H, HV, K, V, slots_total = 3, 2, 4, 8, 6, 6
     parents = DraftTree.chain(T - 1).parents if kernel == "chain" else random_tree(T, gen).parents
     par = parents.to(DEVICE, torch.int32)
     slots = torch.tensor([4, 1, 3], device=DEVICE, dtype=torch.int32)
+    if strided:
+        slots = slots[:, None].expand(B, T).contiguous()[:, 0]
+        assert slots.stride(0) == T
     pool = (torch.randn(slots_total, HV + 1, V, K, generator=gen) * 0.3).to(DEVICE)[:, :HV]   # slot stride padded
     stash = [torch.randn(slots_total, T + 2, *s, generator=gen).to(DEVICE)[:, :T] for s in ((HV, V), (H, K), (HV,))]
     stash[2] = -stash[2].abs() / 4

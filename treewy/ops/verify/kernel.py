@@ -45,7 +45,8 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     ``state_indices``: None (request b's state is
     ``initial_state[b]``, its pending u / k / g row b) or int32 [B] on the device: ``initial_state`` and the
     pending u / k / g are pools of slots (any slot stride, each slot contiguous) and request b's live in
-    slot ``state_indices[b]`` (a serving engine's state pool; distinct slots).
+    slot ``state_indices[b]`` (a serving engine's state pool; distinct slots; any stride: vLLM's CUDA-graph buffer
+    hands its column 0 of a [B, T] table, stride T, which the kernels, reading slot b at offset b, must not see).
     """
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"kernel = {kernel!r}: expected None or one of {KERNELS}")
@@ -54,6 +55,8 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     kernel = kernel or select_kernel(T, B, chain, initial_state.dtype == torch.bfloat16, dot_precision == "ieee")
     o = torch.empty_like(v)
     u = torch.empty(v.shape, device=v.device, dtype=torch.float32)
+    if state_indices is not None:
+        state_indices = state_indices.contiguous()
     if kernel == "chain":
         return chain_fwd(q, k, v, g, beta, initial_state, num_nodes, pending, scale, use_qk_l2norm_in_kernel, o, u,
                          config=config, state_indices=state_indices)
