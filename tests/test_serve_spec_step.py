@@ -321,7 +321,7 @@ def test_engine_profile_of_mixed_steps_is_its_own_kind_of_table(tmp_path):
 
     args = argparse.Namespace(batches=[1, 64], steps=8, mixed=True)
     assert prof.max_num_seqs(args) == 72 and prof.max_num_seqs(argparse.Namespace(**{**vars(args), "mixed": False})) == 64
-    assert set(COMPILE) == {"default", "decode", "eager"}      # the --compile choices the engine profile offers
+    assert set(COMPILE) == {"default", "decode", "piecewise", "eager"}   # the engine profile's --compile choices
     t = prof.kernel_table([("fused_moe_kernel", 20.0)], steps=1)
     meta = dict(acceptance_rates="0.8", device="h200", date="d", how="h", compile="decode")
     paths = []

@@ -70,6 +70,7 @@ def test_sweep_resumes_a_checkpoint_and_reruns_failed_points_when_asked(tmp_path
     specs = [json.loads(a[a.index("--speculative-config") + 1]) for a in commands]
     assert specs[0]["rejection_sample_method"] == "synthetic" and "rejection_sample_method" not in specs[1]
     assert mod.compile_args("default") == []
+    assert json.loads(mod.compile_args("piecewise")[1]) == {"mode": 3, "cudagraph_mode": "PIECEWISE"}
 
 
 def test_acceptance_check_serves_the_default_acceptance_and_reports_graphs(tmp_path, monkeypatch, bench_script,
