@@ -1000,9 +1000,11 @@ def test_state_indices_read_and_write_pool_slots(kernel, T, strided):
     stash = [torch.randn(slots_total, T + 2, *s, generator=gen).to(DEVICE)[:, :T] for s in ((HV, V), (H, K), (HV,))]
     stash[2] = -stash[2].abs() / 4
     acc = torch.tensor([2, -1, 0], device=DEVICE, dtype=torch.int32)
+    if strided:   # a pending node per request read off a wider table too
+        acc = acc[:, None].expand(B, 2).contiguous()[:, 0]
     q, k, v, g, beta = window(B, T, H, HV, K, V, gen)
     ref_state = pool[slots.long()].clone()
-    gathered = PendingCommit(*(x[slots.long()] for x in stash), par, acc, use_qk_l2norm_in_kernel=True)
+    gathered = PendingCommit(*(x[slots.long()] for x in stash), par, acc.contiguous(), use_qk_l2norm_in_kernel=True)
     o_ref, u_ref = tree_verify_fwd(q, k, v, g, beta, ref_state, par, 0, K ** -0.5, True, pending=gathered,
                                    kernel=kernel, chain=kernel == "chain")
     before = pool.clone()

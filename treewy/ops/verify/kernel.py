@@ -57,6 +57,8 @@ def tree_verify_fwd(q, k, v, g, beta, initial_state, parents, stride_pb, scale, 
     u = torch.empty(v.shape, device=v.device, dtype=torch.float32)
     if state_indices is not None:
         state_indices = state_indices.contiguous()
+    if pending is not None and not pending.accepted.is_contiguous():   # read at offset b too
+        pending = replace(pending, accepted=pending.accepted.contiguous())
     if kernel == "chain":
         return chain_fwd(q, k, v, g, beta, initial_state, num_nodes, pending, scale, use_qk_l2norm_in_kernel, o, u,
                          config=config, state_indices=state_indices)
