@@ -281,11 +281,15 @@ class FakeTreeEngine:
         vLLM calls them (positional / keyword), with the state pool vLLM passes and its per-request accepted counts."""
         T = self.serving.layout.num_nodes
         num_acc = getattr(self.runner.num_accepted_tokens, A.BUFFER_GPU)[: cu.shape[0] - 1]
+        # the slots as a full graph hands them: vLLM's int32 buffer [B, T] (reconstruct: each row the slot repeated,
+        # the plugin's view of column 0), so the conv's and the GDN step's slot column has stride T
+        slots = self.state_idx[:, :1].expand(-1, T) if self.mode == "reconstruct" else self.state_idx
+        slots = slots.to(torch.int32).contiguous()
         pool = self.gdn[i].state if self.mode == "reconstruct" else self.gdn[i]
         self.active_pools = self.gdn[i] if self.mode == "reconstruct" else None   # the plugin's layer, conv included
         try:
             y = getattr(self.vllm.gdn, A.CONV_UPDATE)(mixed, self.conv[i], conv_weight(gdn), gdn.conv1d.bias, "silu",
-                                                      conv_state_indices=self.state_idx[:, 0],
+                                                      conv_state_indices=slots[:, 0],
                                                       num_accepted_tokens=num_acc, query_start_loc=cu, max_query_len=T,
                                                       validate_data=False)
             q, k, v = torch.split(y, [gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
@@ -293,7 +297,7 @@ class FakeTreeEngine:
             o, _ = getattr(self.vllm.gdn, A.SPEC_UPDATE)(
                 A_log=gdn.A_log, a=a, b=b, dt_bias=gdn.dt_bias, q=q.reshape(1, n, -1, gdn.head_k_dim),
                 k=k.reshape(1, n, -1, gdn.head_k_dim), v=v.reshape(1, n, -1, gdn.head_v_dim), initial_state=pool,
-                inplace_final_state=True, cu_seqlens=cu, ssm_state_indices=self.state_idx, num_accepted_tokens=num_acc,
+                inplace_final_state=True, cu_seqlens=cu, ssm_state_indices=slots, num_accepted_tokens=num_acc,
                 use_qk_l2norm_in_kernel=True)
         finally:
             self.active_pools = None
