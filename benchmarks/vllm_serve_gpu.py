@@ -821,7 +821,8 @@ def main(argv=None) -> int:
                    help="treewy's --acceptance (default paper-35b on these dummy weights; none: the drafts' own, "
                         "which accept nothing here, as on 2026-11-30)")
     s.add_argument("--tree", default=None, metavar="W1,W2,...",
-                   help="serve this draft tree (k = its N drafts; acceptance per depth: the paper's Table 2 length)")
+                   help="serve this draft tree (k = its N drafts; acceptance per depth: the paper's Table 2 length, "
+                        "or with --acceptance tiny the tiny checkpoint's measured rates)")
     s.add_argument("--drafter", default="mtp", choices=("mtp", "ngram"), help="the tree's drafter")
     s.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
                    help="start no point after this many seconds (the rest: the same command again, --resume-from)")

@@ -22,7 +22,7 @@ import support  # noqa: E402
 
 from treewy.cli import main  # noqa: E402
 from treewy.paper import ACCEPTANCE, PAPER_35B_ALPHA, PAPER_35B_CHAIN_RATES, geometric_acceptance_rates  # noqa: E402
-from treewy.serve.acceptance import check_acceptance, parse_acceptance  # noqa: E402
+from treewy.serve.acceptance import check_acceptance, parse_acceptance, tiny_depth_rates  # noqa: E402
 from treewy.serve.launcher import ServeError, ServeOptions, build_command, capture_grid, capture_plan  # noqa: E402
 from treewy.serve.metrics import accepted_per_position, parse_prometheus  # noqa: E402
 
@@ -85,6 +85,35 @@ def test_paper_acceptance_of_a_tree_is_its_table_2_length_per_depth():
         assert abs(acc.expected_tokens_per_step - ACCEPTANCE[shape]) < 1e-9
     assert parse_acceptance(None, 3, dummy=True, tree=(1, 1, 1)).rates == parse_acceptance(None, 3, dummy=True).rates
     assert parse_acceptance(None, 2, dummy=True, tree=(4, 4)).rates == parse_acceptance(None, 2, dummy=True).rates
+
+
+def test_tiny_acceptance_is_the_tiny_checkpoints_measured_depths():
+    """``tiny``: P(accepted depth >= d) of the tiny checkpoint's MTP drafter on the shape, read from the committed
+    acceptance sweep (a chain of k drafts reads the chain (1,) * k); rates and tokens per step are one measurement;
+    a shape the sweep did not run is refused, naming the ones it did."""
+    from treewy.results import table
+
+    df = pl.read_parquet(table("acceptance_sweeps"))
+    for tree, k in (((2, 2, 1), 3), ((2, 2, 2), 3), ((3, 3, 3), 3), (None, 3), (None, 1)):
+        acc = parse_acceptance("tiny", k, dummy=True, tree=tree)
+        row = df.filter((pl.col("drafter") == "mtp") & (pl.col("mode") == "reconstruct")
+                        & (pl.col("shape") == str(tree or (1,) * k))).row(0, named=True)
+        assert acc.source == "tiny" and acc.rates == tuple(row[f"accept_ge_d{d}"] for d in range(1, k + 1))
+        assert abs(acc.expected_tokens_per_step - row["acceptance"]) < 1e-9
+        assert list(acc.rates) == sorted(acc.rates, reverse=True) and 0 < acc.rates[-1] <= acc.rates[0] <= 1
+        assert tiny_depth_rates(tree, k)["device"] == row["device"]
+    # the two sources differ in how acceptance spreads over the depths, not only in the length
+    assert parse_acceptance("tiny", 3, dummy=True, tree=(2, 2, 1)).rates != parse_acceptance(
+        "paper-35b", 3, dummy=True, tree=(2, 2, 1)).rates
+    with pytest.raises(ValueError, match=r"--acceptance tiny: .* no 'mtp' row for the shape \(4, 4\); measured shapes"):
+        parse_acceptance("tiny", 2, dummy=True, tree=(4, 4))
+
+
+def test_dry_run_of_a_tree_passes_tinys_rates_per_depth(capsys):
+    cmd, spec, notes = _dry(capsys, "--tree", "2,2,1", "--acceptance", "tiny", "--", "--load-format", "dummy")
+    rates = parse_acceptance("tiny", 3, dummy=True, tree=(2, 2, 1)).rates
+    assert any(n.startswith("# acceptance: synthetic acceptance") and "(tiny; per position "
+               + ", ".join(f"{a:.3f}" for a in rates) + ")" in n for n in notes), notes
 
 
 # --- the command line -----------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from treewy.serve.tree_commit import (
     window_positions, window_slots,
 )
 from treewy.serve.tree_spec import (
-    SyntheticAcceptance, TreeLayout, accept_tree, measured_depth_rates, paper_depth_rates, propose_mtp_tree,
+    SyntheticAcceptance, TreeLayout, accept_tree, propose_mtp_tree,
     propose_ngram_tree, synthetic_accept_tree,
 )
 from treewy.tree import DraftTree
@@ -263,15 +263,12 @@ def test_synthetic_rejects_a_child_without_a_token():
     assert acc.length.tolist() == [1, 3, 1, 3] and acc.accepted.tolist() == [0, 4, 0, 4]
 
 
-def test_default_rates_from_data():
-    m = measured_depth_rates((2, 2, 1))
-    assert len(m["rates"]) == 3 and list(m["rates"]) == sorted(m["rates"], reverse=True)
-    assert abs(1 + sum(m["rates"]) - m["acceptance"]) < 1e-9   # accept_ge_d* and the length are one measurement
-    assert m["device"] and m["date"]
-    p = paper_depth_rates((2, 2, 1))
-    assert abs(1 + sum(p) - 3.38) < 1e-9
-    SyntheticAcceptance(TreeLayout((2, 2, 1)), m["rates"])     # both are valid rates
-    SyntheticAcceptance(TreeLayout((2, 2, 1)), p)
+def test_both_sources_of_rates_are_valid_for_the_synthetic_sampler():
+    from treewy.serve.acceptance import parse_acceptance
+
+    for text in ("paper-35b", "tiny"):
+        rates = parse_acceptance(text, 3, dummy=True, tree=(2, 2, 1)).rates
+        SyntheticAcceptance(TreeLayout((2, 2, 1)), rates)
 
 
 # -------------------------------------------------------------------------------------------------- bookkeeping
@@ -518,8 +515,6 @@ def test_bad_shapes_name_the_argument():
          r"conv_state must be \[B, C, W - 1\] = \[B, C, 3\]"),
         (lambda: commit_conv_state(torch.zeros(4, 5, 3), torch.zeros(4, 10, 5), lay, torch.zeros(4, dtype=torch.long)),
          r"x must be .* \[4, 11, 5\]"),
-        (lambda: measured_depth_rates((4, 4)), r"widths = \(4, 4\): the acceptance sweep"),
-        (lambda: paper_depth_rates((4, 4)), "Table 2"),
         (lambda: TreeLayout((2, 2), conv_width=0), "conv_width = 0"),
     ]
     for fn, match in cases:

@@ -35,3 +35,31 @@ def test_width_frame_divides_by_the_chain_of_the_same_run(tmp_path):
     assert sim == [1.0, 1.0]
     fig = width_figure(trees=(chain, tree), concurrency=(8,), measured_dirs=(tmp_path,))
     assert fig["vs_chain"].height == 8 and "2026-12-09" in str(fig["chart"].to_dict()["title"])
+
+
+def test_width_frame_at_the_tiny_checkpoints_acceptance_overlays_only_runs_that_asked_for_it(tmp_path):
+    """``acceptance="tiny"``: the simulator takes the tiny checkpoint's per-depth rates (conditional, so their running
+    product is the served sampler's P(depth >= d)), and a measured run at the paper's acceptance is not overlaid."""
+    from treewy.serve.acceptance import parse_acceptance
+    from treewy_lab.width import depth_rates, width_frame
+
+    chain, tree = (1, 1, 1), (2, 2, 1)
+    for t in (chain, tree):
+        for acc in ("paper-35b", "tiny"):
+            cond, a = depth_rates(t, acc), parse_acceptance(acc, 3, dummy=True, tree=t).rates
+            assert [cond[0], cond[0] * cond[1], cond[0] * cond[1] * cond[2]] == pytest.approx(list(a))
+    paper = _rows("2026-12-09", (chain, tree), {chain: 1000.0, tree: 1100.0})
+    tiny = [dict(r, date="2026-12-11", acceptance_source="tiny") for r in paper]
+    serving_frame(paper + tiny).write_parquet(tmp_path / "trees.parquet")
+    kw = dict(trees=(chain, tree), concurrency=(8,), measured_dirs=(tmp_path,))
+    f_tiny, f_paper = width_frame(acceptance="tiny", **kw), width_frame(**kw)
+    sources = set(f_tiny["source"]) - {"SIMULATED"}
+    assert len(sources) == 1 and "2026-12-11" in sources.pop() and "(tiny)" in str(set(f_tiny["source"]))
+    assert not any("2026-12-11" in s for s in set(f_paper["source"]))
+
+    def sim_tokens(f):
+        return f.filter(source="SIMULATED", metric="tokens_per_step", tree=str(tree))["value"].to_list()
+
+    assert sim_tokens(f_tiny) != pytest.approx(sim_tokens(f_paper))
+    with pytest.raises(ValueError, match="acceptance = 'table-2': expected one of paper-35b, tiny"):
+        width_frame(acceptance="table-2", **kw)

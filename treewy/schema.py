@@ -39,7 +39,7 @@ SERVING_SCHEMA: dict[str, pl.DataType] = {
     "max_num_seqs": pl.Int64,       # the server's cap on running requests (vLLM --max-num-seqs; the simulator's)
     "weights": pl.String,           # measured only: "real", or "dummy" (--load-format dummy: no draft accepted)
     # measured only: the acceptance asked of vLLM (treewy.serve.acceptance) and what its counters show
-    "acceptance_source": pl.String,   # --acceptance: "paper-35b", "length=L", "rates=A1,...,Ak", or "none" (real)
+    "acceptance_source": pl.String,   # --acceptance: "paper-35b", "tiny", "length=L", "rates=A1,...", or "none" (real)
     "acceptance_rates": pl.List(pl.Float64),  # requested unconditional per-position rates (null: real acceptance)
     "expected_tokens_per_step": pl.Float64,   # 1 + sum(acceptance_rates)
     "measured_acceptance_rates": pl.List(pl.Float64),  # vLLM's accepted_per_pos / drafts over the point

@@ -82,17 +82,18 @@ def measured_matching(measured: pl.DataFrame, *, model: str, gpu: str, tp: int, 
     simulator key such as "h200", matched as a word of the measured device name, "NVIDIA H200"), TP, memory
     budget (to 0.005), tree, workload, where both sides know it max_num_seqs (it sizes vLLM's sampler reserve, so
     the pool), and the acceptance: "any"; "paper" (runs that asked vLLM's synthetic sampler for the paper's,
-    treewy.serve.acceptance's "paper-35b", or real weights drafting on their own); "none" (dummy weights that asked
-    for nothing, so accepted nothing). Failed points (failed > 0 or an error) are left out."""
-    if acceptance not in ("any", "paper", "none"):
-        raise ValueError(f"acceptance = {acceptance!r}: expected 'any', 'paper' or 'none'")
+    treewy.serve.acceptance's "paper-35b", or real weights drafting on their own); "tiny" (runs that asked for the
+    tiny checkpoint's measured rates); "none" (dummy weights that asked for nothing, so accepted nothing). Failed
+    points (failed > 0 or an error) are left out."""
+    if acceptance not in ("any", "paper", "tiny", "none"):
+        raise ValueError(f"acceptance = {acceptance!r}: expected 'any', 'paper', 'tiny' or 'none'")
     gpu_words = pl.col("gpu").str.to_lowercase().str.replace_all("-", " ").str.split(" ")
     seqs = pl.lit(True) if max_num_seqs is None else (pl.col("max_num_seqs").is_null()
                                                       | (pl.col("max_num_seqs") == max_num_seqs))
     asked = pl.col("acceptance_source").fill_null("none")
     dummy = pl.col("weights").fill_null("") == "dummy"
     acc = {"any": pl.lit(True), "paper": (asked == "paper-35b") | ((asked == "none") & ~dummy),
-           "none": (asked == "none") & dummy}[acceptance]
+           "tiny": asked == "tiny", "none": (asked == "none") & dummy}[acceptance]
     return measured.filter(
         (pl.col("model") == model) & gpu_words.list.contains(gpu.lower()) & (pl.col("tp") == tp)
         & ((pl.col("gmu") - gmu).abs() < 0.005) & (pl.col("tree") == tree) & (pl.col("workload") == workload)

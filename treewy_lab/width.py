@@ -1,7 +1,9 @@
 """Notebook 06: where draft-tree width pays in serving. Each tree's output throughput against the chain's at every
 load, SIMULATED for the 35B architecture on one H200 as ``benchmarks/vllm_serve_gpu.py sweep --tree`` serves it
-(decode-only CUDA graphs up to max_num_seqs x (1 + N) tokens, the paper's Table 2 acceptance per tree), with the
-measured rows of any tree sweep on disk overlaid; and the decode-bound identity behind each point: output tokens
+(decode-only CUDA graphs up to max_num_seqs x (1 + N) tokens) at one acceptance per tree, the sweep's
+``--acceptance``: the paper's Table 2 length (``paper-35b``) or the tiny checkpoint's measured per-depth rates
+(``tiny``), with the measured rows of any tree sweep on disk at the same acceptance overlaid; and the decode-bound
+identity behind each point: output tokens
 per second = running requests x tokens per step / step time, so a wider tree pays only where its extra accepted
 tokens per step outgrow what its larger step costs (and, for store-all, the N + 1 state blocks it takes)."""
 
@@ -14,6 +16,7 @@ import polars as pl
 from treewy_lab.frames import measured_matching, measured_runs
 from treewy_lab.setup import RESULTS_DIRS
 from treewy.schema import load_measured
+from treewy.serve.acceptance import parse_acceptance
 from treewy.serve.launcher_command import ServeOptions, capture_plan
 from treewy.sim import simulate
 from treewy.sim.calibrated import H200_DEFAULT
@@ -21,6 +24,9 @@ from treewy.tree import DraftTree
 
 TREES = ((1, 1, 1), (2, 2, 1), (2, 2, 2), (3, 3, 3))
 CONCURRENCY = (1, 8, 32, 64, 128, 256)
+#: --acceptance of the sweep -> (measured_matching's acceptance, what the chart calls it)
+ACCEPTANCES = {"paper-35b": ("paper", "the paper's Table 2 acceptance per tree (geometric over depths)"),
+               "tiny": ("tiny", "the tiny checkpoint's measured acceptance per depth")}
 #: (column, what the chart calls it)
 METRICS = {"vs_chain": "throughput / the chain's", "tokens_per_step": "tokens per step per request",
            "step_ms": "step time, ms", "running": "running requests"}
@@ -32,6 +38,26 @@ def sweep_server(tree):
     opts = ServeOptions(model="qwen3.5-35b-a3b", max_num_seqs=H200_DEFAULT.max_num_seqs,
                         num_speculative_tokens=DraftTree.from_widths(tree).num_drafts, tree=tuple(tree))
     return replace(H200_DEFAULT, graph_max_tokens=capture_plan(opts).max_size)
+
+
+def depth_rates(tree, acceptance: str) -> list[float]:
+    """The simulator's per-depth conditional rates for ``tree`` at the sweep's ``acceptance``: the served sampler's
+    unconditional P(depth >= d) (treewy.serve.acceptance) divided by P(depth >= d - 1)."""
+    a = parse_acceptance(acceptance, len(tree), dummy=True, tree=tuple(tree)).rates
+    return [x / p if p > 0 else 0.0 for x, p in zip(a, (1.0,) + a[:-1])]
+
+
+def acceptance_table(trees=TREES) -> pl.DataFrame:
+    """Per tree and acceptance source: P(accepted depth >= d) for d = 1..3 and tokens per step (1 + their sum), as
+    the served sampler is asked for them (treewy.serve.acceptance)."""
+    rows = []
+    for tree in trees:
+        for acceptance, (_, label) in ACCEPTANCES.items():
+            a = parse_acceptance(acceptance, len(tree), dummy=True, tree=tuple(tree)).rates
+            rows.append({"tree": str(tuple(tree)), "acceptance": acceptance, "source": label,
+                         **{f"P(depth >= {d})": round(x, 3) for d, x in enumerate(a, 1)},
+                         "tokens per step": round(1 + sum(a), 3)})
+    return pl.DataFrame(rows)
 
 
 def identity(rows: pl.DataFrame) -> pl.DataFrame:
@@ -47,19 +73,24 @@ def identity(rows: pl.DataFrame) -> pl.DataFrame:
 
 
 def width_frame(gmu: float = 0.9, workload: str = "generation-short", trees=TREES, concurrency=CONCURRENCY,
-                measured_dirs=RESULTS_DIRS, on_point=None) -> pl.DataFrame:
-    """Long (source, mode, tree, concurrency, metric, value): every tree SIMULATED in both modes, then the measured
-    tree rows of the same model, GPU, gmu and workload on disk (one source per run). on_point(done, total)."""
+                measured_dirs=RESULTS_DIRS, on_point=None, acceptance: str = "paper-35b") -> pl.DataFrame:
+    """Long (source, mode, tree, concurrency, metric, value): every tree SIMULATED in both modes at ``acceptance``
+    (a key of ACCEPTANCES), then the measured tree rows of the same model, GPU, gmu, workload and acceptance on disk
+    (one source per run). on_point(done, total)."""
+    if acceptance not in ACCEPTANCES:
+        raise ValueError(f"acceptance = {acceptance!r}: expected one of {', '.join(ACCEPTANCES)}")
     sims, total = [], len(trees)
     for i, tree in enumerate(trees):
         sims.append(simulate("qwen3.5-35b-a3b", "h200", 1, gmu, mode=["store_all", "reconstruct"], tree=tree,
-                             workload=workload, concurrency=list(concurrency), server=sweep_server(tree))
+                             workload=workload, concurrency=list(concurrency), server=sweep_server(tree),
+                             acceptance=depth_rates(tree, acceptance))
                     .with_columns(source=pl.lit("SIMULATED")))
         if on_point:
             on_point(i + 1, total)
     on_disk = load_measured(*measured_dirs)
     measured = pl.concat([measured_matching(on_disk, model="qwen3.5-35b-a3b", gpu="h200", tp=1, gmu=gmu, tree=str(t),
-                                            workload=workload, max_num_seqs=H200_DEFAULT.max_num_seqs)
+                                            workload=workload, max_num_seqs=H200_DEFAULT.max_num_seqs,
+                                            acceptance=ACCEPTANCES[acceptance][0])
                           for t in trees]).filter(pl.col("concurrency").is_not_null())
     runs = [part.with_columns(source=pl.lit(label)) for label, part in measured_runs(measured)
             if part["tree"].n_unique() > 1]          # a run that served one tree has nothing to compare it with
@@ -70,15 +101,15 @@ def width_frame(gmu: float = 0.9, workload: str = "generation-short", trees=TREE
                                   variable_name="metric", value_name="value").drop_nulls("value")
 
 
-def width_figure(gmu: float = 0.9, workload: str = "generation-short", **kw) -> dict:
+def width_figure(gmu: float = 0.9, workload: str = "generation-short", acceptance: str = "paper-35b", **kw) -> dict:
     """{"chart", "frame", "vs_chain"}: the width chart (both modes, the identity's terms), the long frame, and the
     throughput-over-the-chain table (tree x concurrency) of each source and mode."""
     from treewy_lab.charts import width_chart
 
-    frame = width_frame(gmu, workload, **kw)
+    frame = width_frame(gmu, workload, acceptance=acceptance, **kw)
     measured = sorted(set(frame["source"].to_list()) - {"SIMULATED"})
-    notes = [f"Qwen3.5-35B-A3B · H200 TP1 · gmu {gmu:.2f} · {workload} · max seqs 256 · the paper's Table 2 "
-             "acceptance per tree · decode graphs up to 256 x (1 + N) tokens",
+    notes = [f"Qwen3.5-35B-A3B · H200 TP1 · gmu {gmu:.2f} · {workload} · max seqs 256 · "
+             f"{ACCEPTANCES[acceptance][1]} · decode graphs up to 256 x (1 + N) tokens",
              "SIMULATED (solid); measured tree sweeps on disk (dashed): " + ("; ".join(measured) or "none yet")]
     vs_chain = (frame.filter(pl.col("metric") == "vs_chain").sort("concurrency")
                 .pivot(on="concurrency", index=["source", "mode", "tree"], values="value").sort("source", "mode", "tree"))

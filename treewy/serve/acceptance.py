@@ -12,6 +12,10 @@ are the drafter's whatever the target says, so the text changes: synthetic accep
 
 vLLM's other key, ``synthetic_acceptance_length``, spreads a length over positions with zero variance (1, 1, 0.23 for
 3.23: every step emits 3 or 4 tokens); ``length=L`` here uses the geometric rule of ``treewy.paper`` instead.
+
+Two sources of rates for a shape: the paper's (``paper-35b``: Qwen3.5-35B-A3B's Table 2 length, spread over the
+depths by that rule) and the tiny checkpoint's (``tiny``: P(accepted depth >= d) as its MTP drafter measured them,
+the committed acceptance sweep of ``treewy.results``), whose spread over the depths is measured, not assumed.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from treewy.paper import ACCEPTANCE, PAPER_35B_ALPHA, geometric_acceptance_rates
 
 #: --acceptance forms, for messages.
-FORMS = "paper-35b, length=L, rates=A1,...,Ak or none"
+FORMS = "paper-35b, tiny, length=L, rates=A1,...,Ak or none"
 
 #: Standard errors a measured acceptance may stray from the requested one before bench-serve warns.
 NOISE_Z = 3.0
@@ -68,13 +72,43 @@ def _number(text: str, what: str, flag: str) -> float:
     return x
 
 
+def paper_depth_rates(tree: tuple[int, ...] | None, k: int) -> tuple[float, ...]:
+    """``paper-35b``'s rates for a chain of ``k`` drafts or a ``tree`` of depth ``k``: the paper's 35B Table 2 length
+    for the shape (its chain: 3.23 tokens per step), spread over the depths by the geometric rule; a chain of another
+    length, or a tree the table lacks, keeps the depth-3 chain's per-draft rate (a_d = alpha ** d)."""
+    if tree is not None and tuple(tree) in ACCEPTANCE:
+        return geometric_acceptance_rates(ACCEPTANCE[tuple(tree)], k)
+    return tuple(PAPER_35B_ALPHA ** i for i in range(1, k + 1))
+
+
+def tiny_depth_rates(tree: tuple[int, ...] | None, k: int, drafter: str = "mtp") -> dict:
+    """``tiny``'s rates for a chain of ``k`` drafts or a ``tree`` of depth ``k``: P(accepted depth >= d), d = 1..k, of
+    the tiny checkpoint's ``drafter`` on that shape, from the committed acceptance sweep (``treewy.results.table(
+    "acceptance_sweeps")``, columns accept_ge_d1..). A dict: ``rates``, ``acceptance`` (its tokens per step, the same
+    measurement), ``device``, ``date``, ``table``. A shape the sweep did not run is an error naming those it did."""
+    import polars as pl
+
+    from treewy.results import table
+
+    shape = tuple(tree) if tree is not None else (1,) * k
+    path = table("acceptance_sweeps")
+    df = pl.read_parquet(path).filter((pl.col("drafter") == drafter) & (pl.col("mode") == "reconstruct"))
+    rows = df.filter(pl.col("shape") == str(shape))
+    if rows.height == 0:
+        have = ", ".join(sorted(set(df["shape"].to_list()), key=lambda t: (len(t), t)))
+        raise ValueError(f"tiny: the acceptance sweep {path.name} has no {drafter!r} row for the shape {shape}; "
+                         f"measured shapes: {have} (or pass paper-35b, length=L or rates=...)")
+    row = rows.row(0, named=True)
+    rates = tuple(float(row[f"accept_ge_d{d}"]) for d in range(1, k + 1))
+    return dict(rates=rates, acceptance=float(row["acceptance"]), device=row["device"], date=row["date"],
+                table=path.name)
+
+
 def parse_acceptance(text: str | None, k: int, *, dummy: bool, flag: str = "--acceptance",
                      tree: tuple[int, ...] | None = None) -> Acceptance:
     """The acceptance a run of ``k`` drafts per step asks for (a served ``tree``: ``k`` is its depth, the rates per
     depth). ``text`` None: ``paper-35b`` on dummy weights (they accept nothing), ``none`` on real ones (synthetic
-    acceptance would change their text). ``paper-35b`` is the paper's 35B Table 2 length for the shape (its chain:
-    3.23 tokens per step), spread over the depths by the geometric rule; a tree the table lacks gets the chain's
-    per-position rates per depth."""
+    acceptance would change their text). ``paper-35b``: ``paper_depth_rates``; ``tiny``: ``tiny_depth_rates``."""
     if text is None:
         text = "paper-35b" if dummy else "none"
     if not isinstance(text, str):
@@ -84,10 +118,13 @@ def parse_acceptance(text: str | None, k: int, *, dummy: bool, flag: str = "--ac
     head = head.strip().lower()
     if not sep and head == "none":
         return Acceptance("none")
-    if not sep and head == "paper-35b" and tree is not None and tuple(tree) in ACCEPTANCE:
-        return Acceptance("paper-35b", geometric_acceptance_rates(ACCEPTANCE[tuple(tree)], k))
     if not sep and head == "paper-35b":
-        return Acceptance("paper-35b", tuple(PAPER_35B_ALPHA ** i for i in range(1, k + 1)))
+        return Acceptance("paper-35b", paper_depth_rates(tree, k))
+    if not sep and head == "tiny":
+        try:
+            return Acceptance("tiny", tiny_depth_rates(tree, k)["rates"])
+        except ValueError as e:
+            raise ValueError(f"{flag} {e}") from None
     if sep and head == "length":
         length = _number(body.strip(), "length", flag)
         if not 1.0 <= length <= k + 1:

@@ -50,9 +50,10 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--acceptance", metavar="FORM",
                    help="what the drafts accept, through vLLM's synthetic rejection sampler: paper-35b (the paper's "
-                        "35B chain, 3.23 tokens per step at k = 3), length=L (tokens per step), rates=A1,...,Ak "
-                        "(unconditional per position), or none (the drafts' real acceptance). Default: paper-35b "
-                        "with --load-format dummy (random weights accept nothing), none otherwise")
+                        "35B chain, 3.23 tokens per step at k = 3; a --tree: its Table 2 length), tiny (the tiny "
+                        "checkpoint's measured rates for the shape), length=L (tokens per step), rates=A1,...,Ak "
+                        "(unconditional per position or depth), or none (the drafts' real acceptance). Default: "
+                        "paper-35b with --load-format dummy (random weights accept nothing), none otherwise")
     p.add_argument("--cudagraph-max-size", type=int, metavar="TOKENS",
                    help="largest step captured as a CUDA graph (default max_num_seqs x (1 + k): every decode step "
                         "the server can admit; larger steps run eagerly)")
