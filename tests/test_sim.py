@@ -332,6 +332,46 @@ def test_predictions_committed_before_the_sweep_cover_its_grid():
     assert abs(df.filter(pl.col("concurrency") == 8)["acceptance_length"].mean() - 3.23) < 0.05
 
 
+def test_width_predictions_serve_each_tree_at_its_acceptance_and_graphs():
+    """benchmarks/sim_width_predictions: each tree's sweep predicted with its own graphs (max_num_seqs x (1 + N))
+    and the served sampler's rates (the simulator's conditional ones multiply back to P(depth >= d)), so a tree's
+    tokens per step are its acceptance's, and the text divides every tree by the chain of the same gmu, acceptance
+    and mode."""
+    from benchmarks.sim_width_predictions import predict_width, text_table
+    from treewy.serve.acceptance import parse_acceptance
+    from treewy.sim import predict as P
+
+    assert [P.graph_max_tokens(t) for t in ((1, 1, 1), (2, 2, 1), (3, 3, 3))] == [1024, 256 * 11, 256 * 40]
+    assert P.SERVER.graph_max_tokens == P.GRAPH_MAX_TOKENS == 1024
+    trees = ((1, 1, 1), (2, 2, 1))
+    df = predict_width(gmus=(0.9,), acceptances=("paper-35b", "tiny"), trees=trees, concurrency=(8,))
+    assert df.height == 8 and df["simulated"].all() and set(df["tree"]) == {str(t) for t in trees}
+    for acc in ("paper-35b", "tiny"):
+        want = 1 + sum(parse_acceptance(acc, 3, dummy=True, tree=(2, 2, 1)).rates)
+        got = df.filter((pl.col("acceptance_source") == acc) & (pl.col("tree") == "(2, 2, 1)"))["acceptance_length"]
+        assert abs(got.mean() - want) < 0.15, (acc, got.mean(), want)
+    meta = {"model": "qwen3.5-35b-a3b", "workload": "generation-short", "date": "d", "commit": "c", "fit": "f",
+            "graph_max_tokens": {}, "gmus": [0.9], "acceptances": ["paper-35b", "tiny"], "trees": trees}
+    text = text_table(df, meta)
+    assert text.count("(1, 1, 1)      1.00 [") == 4 and "gmu 0.9, acceptance tiny" in text
+
+
+def test_width_predictions_committed_before_the_tree_sweep_cover_its_grid():
+    from pathlib import Path
+
+    from benchmarks.sim_width_predictions import ACCEPTANCES, GMUS, TREES
+    from treewy.sim import predict as P
+    base = (Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+            / "predictions_width_35b_h200_tp1_2026-12-05")
+    df = pl.read_parquet(base.with_suffix(".parquet"))
+    meta = json.loads(base.with_suffix(".json").read_text())
+    grid = {(g, a, str(t), c, m) for g in GMUS for a in ACCEPTANCES for t in TREES for c in P.CONCURRENCIES
+            for m in ("store_all", "reconstruct")}
+    assert set(zip(df["gmu"], df["acceptance_source"], df["tree"], df["concurrency"], df["mode"])) == grid
+    assert df.height == len(grid) and df["simulated"].all() and (df["workload"] == "generation-short").all()
+    assert len(meta["commit"]) == 40 and meta["date"] == "2026-12-05"   # a clean checkout: no "+dirty"
+
+
 def test_predict_runs_a_slice_of_the_grid():
     from treewy.sim.predict import predict
     df = predict(gmus=(0.6,), workloads=("balanced-short",), concurrency=(8,))

@@ -41,12 +41,13 @@ def test_width_frame_at_the_tiny_checkpoints_acceptance_overlays_only_runs_that_
     """``acceptance="tiny"``: the simulator takes the tiny checkpoint's per-depth rates (conditional, so their running
     product is the served sampler's P(depth >= d)), and a measured run at the paper's acceptance is not overlaid."""
     from treewy.serve.acceptance import parse_acceptance
-    from treewy_lab.width import depth_rates, width_frame
+    from treewy.sim.predict import served_acceptance
+    from treewy_lab.width import width_frame
 
     chain, tree = (1, 1, 1), (2, 2, 1)
     for t in (chain, tree):
         for acc in ("paper-35b", "tiny"):
-            cond, a = depth_rates(t, acc), parse_acceptance(acc, 3, dummy=True, tree=t).rates
+            cond, a = served_acceptance(t, acc), parse_acceptance(acc, 3, dummy=True, tree=t).rates
             assert [cond[0], cond[0] * cond[1], cond[0] * cond[1] * cond[2]] == pytest.approx(list(a))
     paper = _rows("2026-12-09", (chain, tree), {chain: 1000.0, tree: 1100.0})
     tiny = [dict(r, date="2026-12-11", acceptance_source="tiny") for r in paper]

@@ -9,18 +9,15 @@ tokens per step outgrow what its larger step costs (and, for store-all, the N + 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import polars as pl
 
 from treewy_lab.frames import measured_matching, measured_runs
 from treewy_lab.setup import RESULTS_DIRS
 from treewy.schema import load_measured
 from treewy.serve.acceptance import parse_acceptance
-from treewy.serve.launcher_command import ServeOptions, capture_plan
 from treewy.sim import simulate
 from treewy.sim.calibrated import H200_DEFAULT
-from treewy.tree import DraftTree
+from treewy.sim.predict import served_acceptance, server_for
 
 TREES = ((1, 1, 1), (2, 2, 1), (2, 2, 2), (3, 3, 3))
 CONCURRENCY = (1, 8, 32, 64, 128, 256)
@@ -30,21 +27,6 @@ ACCEPTANCES = {"paper-35b": ("paper", "the paper's Table 2 acceptance per tree (
 #: (column, what the chart calls it)
 METRICS = {"vs_chain": "throughput / the chain's", "tokens_per_step": "tokens per step per request",
            "step_ms": "step time, ms", "running": "running requests"}
-
-
-def sweep_server(tree):
-    """The simulator's H200 server as the sweep launches it for ``tree``: graphs as large as the launcher asks vLLM
-    for (``capture_plan``: max_num_seqs x (1 + N))."""
-    opts = ServeOptions(model="qwen3.5-35b-a3b", max_num_seqs=H200_DEFAULT.max_num_seqs,
-                        num_speculative_tokens=DraftTree.from_widths(tree).num_drafts, tree=tuple(tree))
-    return replace(H200_DEFAULT, graph_max_tokens=capture_plan(opts).max_size)
-
-
-def depth_rates(tree, acceptance: str) -> list[float]:
-    """The simulator's per-depth conditional rates for ``tree`` at the sweep's ``acceptance``: the served sampler's
-    unconditional P(depth >= d) (treewy.serve.acceptance) divided by P(depth >= d - 1)."""
-    a = parse_acceptance(acceptance, len(tree), dummy=True, tree=tuple(tree)).rates
-    return [x / p if p > 0 else 0.0 for x, p in zip(a, (1.0,) + a[:-1])]
 
 
 def acceptance_table(trees=TREES) -> pl.DataFrame:
@@ -82,8 +64,8 @@ def width_frame(gmu: float = 0.9, workload: str = "generation-short", trees=TREE
     sims, total = [], len(trees)
     for i, tree in enumerate(trees):
         sims.append(simulate("qwen3.5-35b-a3b", "h200", 1, gmu, mode=["store_all", "reconstruct"], tree=tree,
-                             workload=workload, concurrency=list(concurrency), server=sweep_server(tree),
-                             acceptance=depth_rates(tree, acceptance))
+                             workload=workload, concurrency=list(concurrency), server=server_for(tree),
+                             acceptance=served_acceptance(tree, acceptance))
                     .with_columns(source=pl.lit("SIMULATED")))
         if on_point:
             on_point(i + 1, total)

@@ -8,6 +8,10 @@ captured up to max_num_seqs x (1 + k) = 1024 tokens, as the launcher asks vLLM f
 ``requests_per_point(c)`` requests per point, the number the GPU sweep sends (``--num-prompts 16``, one wave per
 concurrency): one wave of c requests, and at least 16, so that at low concurrency TTFT and TPOT are means over 16
 requests rather than one request's time.
+
+A served tree's sweep (``vllm_serve_gpu.py sweep --tree W``, issue 30's width curve) is the same grid with
+``tree=W``: graphs up to max_num_seqs x (1 + N) tokens (``server_for``) and the served sampler's per-depth rates
+(``served_acceptance``: the paper's Table 2 length for the shape, or the tiny checkpoint's measured rates).
 """
 
 from __future__ import annotations
@@ -20,28 +24,52 @@ import numpy as np
 import polars as pl
 
 from treewy.paper import CONCURRENCIES
+from treewy.serve.acceptance import parse_acceptance
 from treewy.serve.launcher_command import ServeOptions, capture_plan
 from treewy.sim.calibrated import H200_DEFAULT, H200_DEFAULT_FIT, fitted
 from treewy.sim.sweep import simulate
+from treewy.tree import DraftTree
 from treewy.workloads import CATALOGUE, MEASURED_WORKLOADS
 
 GMUS = (0.6, 0.75, 0.9)
 MIN_REQUESTS = 16
 REQUESTS_PER_CONCURRENCY = 1
 WORKLOADS = MEASURED_WORKLOADS
-#: The largest step the launcher has vLLM capture for the sweep's server (max_num_seqs x (1 + k) = 1024)
-GRAPH_MAX_TOKENS = capture_plan(ServeOptions(model="qwen3.5-35b-a3b", num_speculative_tokens=3,
-                                             max_num_seqs=H200_DEFAULT.max_num_seqs)).max_size
 #: The server fit the predictions price steps with (``treewy.sim.calibrated``).
 DEFAULT_FIT = H200_DEFAULT_FIT
+CHAIN = (1, 1, 1)
 
 
-def server_from_fit(name: str):
-    """The server fit ``name`` (``treewy.sim.calibrated.fitted``) with graphs captured as the sweep's launcher asks."""
-    return replace(fitted(name), graph_max_tokens=GRAPH_MAX_TOKENS)
+def graph_max_tokens(tree=CHAIN) -> int:
+    """The largest step the launcher has vLLM capture for the sweep's server of ``tree``: max_num_seqs x (1 + N)
+    (1024 for the chain)."""
+    opts = ServeOptions(model="qwen3.5-35b-a3b", num_speculative_tokens=DraftTree.from_widths(tree).num_drafts,
+                        max_num_seqs=H200_DEFAULT.max_num_seqs, tree=None if tuple(tree) == CHAIN else tuple(tree))
+    return capture_plan(opts).max_size
 
 
-SERVER = server_from_fit(DEFAULT_FIT)
+GRAPH_MAX_TOKENS = graph_max_tokens()
+
+
+def server_from_fit(name: str, tree=CHAIN):
+    """The server fit ``name`` (``treewy.sim.calibrated.fitted``) with graphs captured as the sweep's launcher asks
+    for ``tree``."""
+    return replace(fitted(name), graph_max_tokens=graph_max_tokens(tree))
+
+
+def server_for(tree=CHAIN):
+    """The default fit's server for the sweep of ``tree``."""
+    return server_from_fit(DEFAULT_FIT, tree)
+
+
+SERVER = server_for()
+
+
+def served_acceptance(tree, form: str = "paper-35b") -> list[float]:
+    """The simulator's per-depth conditional rates for a sweep of ``tree`` served at ``--acceptance form``
+    (treewy.serve.acceptance): the served sampler's unconditional P(depth >= d) over P(depth >= d - 1)."""
+    a = parse_acceptance(form, len(tuple(tree)), dummy=True, tree=tuple(tree)).rates
+    return [x / p if p > 0 else 0.0 for x, p in zip(a, (1.0,) + a[:-1])]
 
 
 def requests_per_point(concurrency: int) -> int:
@@ -58,8 +86,9 @@ def _lengths(workload: str, n: int, rng: np.random.Generator):
 
 
 def predict(gmus=GMUS, workloads=WORKLOADS, concurrency=CONCURRENCIES, seed: int = 0, acceptance=None,
-            server=SERVER) -> pl.DataFrame:
-    """SIMULATED rows (``treewy.schema``) for every point of the grid, H200, TP1, the 35B architecture."""
+            server=SERVER, tree=CHAIN) -> pl.DataFrame:
+    """SIMULATED rows (``treewy.schema``) for every point of the grid, H200, TP1, the 35B architecture, serving
+    ``tree`` (give it ``server_for(tree)``)."""
     frames = []
     for gi, gmu in enumerate(gmus):
         for wi, wl in enumerate(workloads):
@@ -68,7 +97,7 @@ def predict(gmus=GMUS, workloads=WORKLOADS, concurrency=CONCURRENCIES, seed: int
                 lengths = _lengths(wl, n, np.random.default_rng([seed, wi, ci]))
                 frames.append(simulate("qwen3.5-35b-a3b", "h200", 1, gmu, mode=["store_all", "reconstruct"],
                                        workload=wl, concurrency=[c], seed=seed, num_prompts=n, lengths=lengths,
-                                       acceptance=acceptance, server=server))
+                                       acceptance=acceptance, server=server, tree=tuple(tree)))
     return pl.concat(frames)
 
 
