@@ -27,7 +27,9 @@ and the server log; ``--stop-after S`` starts no point after S seconds, ``--resu
 earlier run's checkpoint (its serve35b_<mode>.parquet and .points.jsonl, e.g. a committed results folder), and
 ``--pack`` leaves the per-point results and the server log as one results.tar.gz; ``--tree W1,W2,...`` serves that
 draft tree (issue 30's measured width curve: k = its N drafts, the plugin's tree sampler at the paper's Table 2
-length for the shape, per depth) into its own table, serve35b_<mode>_tree<W1-W2-...>.parquet; then capacity_<mode>_tp<N>.json: vLLM's
+length for the shape per depth, or with ``--acceptance tiny`` the tiny checkpoint's measured rates) into its own
+table, serve35b_<mode>_tree<W1-W2-...>[_<acceptance>].parquet (a tree's acceptance named unless paper-35b);
+the rows' device is the GPU nvidia-smi names; then capacity_<mode>_tp<N>.json: vLLM's
 own KV capacity lines (pool tokens, attention block size, maximum concurrency at --max-model-len) beside
 treewy.memory's figures for the same launch, and the simulator's knee for the sweep's workloads (SIMULATED).
 
@@ -268,6 +270,17 @@ def check_gpus(tp: int) -> None:
         check_gpu(tp)
 
 
+def gpu_name() -> str:
+    """The device column of a sweep's rows: the first visible GPU as nvidia-smi names it (an H100 session's rows say
+    H100), or "unchecked" without one (the CPU tests, whose sweeps are stand-ins)."""
+    from treewy.serve.launcher import ServeError, check_gpu
+
+    try:
+        return check_gpu(1)
+    except ServeError:
+        return "unchecked"
+
+
 def serve_phases(model_dir: str, mode: str, prompts, new_tokens: int, out: Path, tag: str, extra: list[str],
                  concurrencies=(1, 32), max_num_seqs: int = 64, gmu: float = 0.3, port: int = 8011,
                  extra_env: dict | None = None, tp: int = 1) -> dict:
@@ -456,7 +469,7 @@ def cmd_fault(args) -> int:
                           max_model_len=2048, extra_args=VLLM_026_ARGS + compile_args(args.compile))
     cfg = SweepConfig(server=server, model_name="tiny", workloads=["smoke"], modes=[args.mode],
                       concurrencies=[1, 4, 8, 16], num_prompts=16, out=out / "fault_sweep.parquet",
-                      result_dir=out / "fault_results", device="H200", health_timeout=900, point_timeout=300)
+                      result_dir=out / "fault_results", device=gpu_name(), health_timeout=900, point_timeout=300)
     run_sweep(cfg, out, kill_at=1)
     first = [json.loads(x) for x in cfg.checkpoint.read_text().splitlines()]
     ran, bad = run_sweep(replace(cfg, retry_failed=True), out)
@@ -498,12 +511,15 @@ def cmd_sweep(args) -> int:
         tree["num_speculative_tokens"] = DraftTree.from_widths(tree["tree"]).num_drafts
     # --cudagraph-metrics: the steps run per graph mode (a decode step run eagerly shows as a NONE row of 1 + k tokens)
     out, server = dummy_35b_server(args, extra=["--cudagraph-metrics"], cudagraph_max_size=args.graph_max_tokens, **tree)
+    # a tree's table per acceptance too: the width sweep runs each tree at paper-35b (the default) and at tiny
+    acceptance = ("" if not tree or args.acceptance in (None, "paper-35b")
+                  else "_" + re.sub(r"[^A-Za-z0-9.]+", "-", args.acceptance).strip("-"))
     name = (f"serve35b_{args.mode}{'' if args.tp == 1 else f'_tp{args.tp}'}"
-            + ("" if not tree else "_tree" + "-".join(map(str, tree["tree"]))))
+            + ("" if not tree else "_tree" + "-".join(map(str, tree["tree"]))) + acceptance)
     cfg = SweepConfig(server=server, model_name="qwen3.5-35b-a3b", workloads=args.workloads.split(","),
                       modes=[args.mode], concurrencies=[int(c) for c in args.concurrency.split(",")],
                       num_prompts=args.num_prompts, prompts_per_concurrency=1, out=out / f"{name}.parquet",
-                      result_dir=out / "results", device="H200", health_timeout=900, point_timeout=300,
+                      result_dir=out / "results", device=gpu_name(), health_timeout=900, point_timeout=300,
                       retry_failed=args.retry_failed, stop_after_s=args.stop_after)
     if args.resume_from:
         resume_into(Path(args.resume_from), cfg)
@@ -553,7 +569,7 @@ def cmd_acceptance(args) -> int:
     cfg = SweepConfig(server=server, model_name="qwen3.5-35b-a3b", workloads=[args.workload], modes=[args.mode],
                       concurrencies=[int(c) for c in args.concurrency.split(",")], num_prompts=args.num_prompts,
                       prompts_per_concurrency=1, out=out / f"acceptance_{args.mode}.parquet",
-                      result_dir=out / f"acceptance_{args.mode}_results", device="H200", health_timeout=900,
+                      result_dir=out / f"acceptance_{args.mode}_results", device=gpu_name(), health_timeout=900,
                       point_timeout=300)
     t0 = time.time()
     run_sweep(cfg, out)

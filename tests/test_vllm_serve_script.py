@@ -421,6 +421,7 @@ def test_sweep_serves_a_tree_with_the_papers_table_2_acceptance_per_depth(tmp_pa
     plugin's tree sampler for the paper's Table 2 length (3.38 tokens per step) per depth, and keeps its own table."""
     import treewy.serve.export as export
     from treewy.paper import ACCEPTANCE, geometric_acceptance_rates
+    from treewy.serve.acceptance import parse_acceptance
 
     mod = bench_script("vllm_serve_gpu")
     seen = []
@@ -433,6 +434,14 @@ def test_sweep_serves_a_tree_with_the_papers_table_2_acceptance_per_depth(tmp_pa
     _, env = build_command(cfg.server)
     rates = [float(x) for x in env["TREEWY_TREE_RATES"].split(",")]
     assert rates == pytest.approx(geometric_acceptance_rates(ACCEPTANCE[(2, 2, 1)], 3))
+    assert cfg.device == "unchecked"                       # no GPU here; on one, the name nvidia-smi gives
+    # the tiny checkpoint's measured rates per depth, into a table of their own beside the paper's
+    assert mod.main(["sweep", "--mode", "reconstruct", "--out", str(tmp_path), "--tree", "2,2,1",
+                     "--acceptance", "tiny"]) == 0
+    assert seen[1].out.name == "serve35b_reconstruct_tree2-2-1_tiny.parquet"
+    _, env = build_command(seen[1].server)
+    assert tuple(float(x) for x in env["TREEWY_TREE_RATES"].split(",")) == pytest.approx(
+        parse_acceptance("tiny", 3, dummy=True, tree=(2, 2, 1)).rates)
 
 
 def test_run_requests_answers_in_order_and_raises_a_requests_own_error(bench_script):
