@@ -82,13 +82,17 @@ def main(argv=None) -> int:
                           f"{1 + sum(float(x) for x in __import__('numpy').cumprod(rates)):.2f} tokens per step",
             "server": repr(server), "fit": fit, "fitted_to": fit_record(fit)["fitted_to"], "seed": args.seed}
     df = P.predict(seed=args.seed, server=server)
+    write_predictions(out, df, meta, text_table(df, meta))
+    return 0
+
+
+def write_predictions(out: Path, df, meta: dict, text: str) -> None:
+    """OUT.parquet (the rows), OUT.json (meta) and OUT.txt (text), which is printed too."""
     df.write_parquet(out.with_suffix(".parquet"))
     out.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
-    text = text_table(df, meta)
     out.with_suffix(".txt").write_text(text + "\n")
     print(text)
     print(f"wrote {out}.parquet, .json, .txt ({df.height} rows)")
-    return 0
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 from pathlib import Path
 
@@ -87,6 +86,7 @@ def main(argv=None) -> int:
 
     from tqdm import tqdm
 
+    from benchmarks.sim_predictions import write_predictions
     from treewy.sim import predict as P
     from treewy.sim.calibrated import fit_record
 
@@ -101,12 +101,7 @@ def main(argv=None) -> int:
             "fit": P.DEFAULT_FIT, "fitted_to": fit_record(P.DEFAULT_FIT)["fitted_to"], "seed": args.seed}
     with tqdm(total=len(ACCEPTANCES) * len(TREES), desc="trees simulated") as bar:
         df = predict_width(seed=args.seed, on_tree=lambda done, total: bar.update(1))
-    df.write_parquet(out.with_suffix(".parquet"))
-    out.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
-    text = text_table(df, meta)
-    out.with_suffix(".txt").write_text(text + "\n")
-    print(text)
-    print(f"wrote {out}.parquet, .json, .txt ({df.height} rows)")
+    write_predictions(out, df, meta, text_table(df, meta))
     return 0
 
 
