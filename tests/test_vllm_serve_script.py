@@ -416,6 +416,32 @@ def test_predictions_are_compared_point_by_point_with_the_measured_sweep(tmp_pat
     assert "expected the simulator's predictions" in capsys.readouterr().err
 
 
+def test_width_predictions_are_matched_per_tree_and_acceptance(tmp_path, bench_script):
+    """The width predictions hold one row per tree and acceptance at each point: a measured tree point matches its
+    own (never the chain's or the other source's), and the ratio tables come per tree, the paper's figures beside
+    the chain's alone."""
+    import polars as pl
+
+    from pathlib import Path
+
+    mod = bench_script("predictions_vs_measured")
+    pred = pl.read_parquet(Path(__file__).parents[1] / "benchmarks/results"
+                           / "predictions_width_35b_h200_tp1_2026-12-05.parquet")
+    point = ((pl.col("gmu") == 0.9) & (pl.col("concurrency") == 32) & (pl.col("acceptance_source") == "tiny")
+             & pl.col("tree").is_in(["(1, 1, 1)", "(2, 2, 1)"]))
+    meas = pred.filter(point).with_columns(simulated=pl.lit(False), device=pl.lit("NVIDIA H200"),
+                                           date=pl.lit("2026-12-09"), output_throughput=pl.col("output_throughput") * 2)
+    matched, unmatched = mod.compare(pred, meas)
+    assert matched.height == 4 and unmatched.is_empty()
+    assert matched["output_throughput_ratio"].to_list() == pytest.approx([2.0] * 4)
+    assert set(zip(matched["tree"], matched["acceptance_source"])) == {("(1, 1, 1)", "tiny"), ("(2, 2, 1)", "tiny")}
+    lines = mod.ratio_tables(pred, meas)
+    heads = [i for i, x in enumerate(lines) if "TreeWY / store-all" in x]
+    assert [lines[i].split(":")[0] for i in heads] == ["gmu 0.9 tiny", "gmu 0.9 tree (2, 2, 1) tiny"]
+    throughput = [next(x for x in lines[i:] if x.startswith("| output throughput")) for i in heads]
+    assert "[" in throughput[0] and "[" not in throughput[1]     # the paper's B200 figure beside the chain alone
+
+
 def test_sweep_serves_a_tree_with_the_papers_table_2_acceptance_per_depth(tmp_path, monkeypatch, bench_script):
     """``sweep --tree 2,2,1`` serves the tree as vLLM's chain of its N = 10 drafts with the tree's drafter, asks the
     plugin's tree sampler for the paper's Table 2 length (3.38 tokens per step) per depth, and keeps its own table."""
