@@ -64,3 +64,16 @@ def test_width_frame_at_the_tiny_checkpoints_acceptance_overlays_only_runs_that_
     assert sim_tokens(f_tiny) != pytest.approx(sim_tokens(f_paper))
     with pytest.raises(ValueError, match="acceptance = 'table-2': expected one of paper-35b, tiny"):
         width_frame(acceptance="table-2", **kw)
+
+
+def test_the_notebooks_simulated_curves_are_the_width_predictions():
+    """What notebook 06 draws SIMULATED is what benchmarks/sim_width_predictions.py commits before a run: the same
+    grid, requests per point, graphs and rates."""
+    from benchmarks.sim_width_predictions import predict_width
+    from treewy_lab.width import width_frame
+
+    trees = ((1, 1, 1), (2, 2, 1))
+    f = width_frame(trees=trees, concurrency=(1, 64), acceptance="tiny", measured_dirs=())
+    drawn = (f.filter(source="SIMULATED", metric="tokens_per_step").sort("mode", "tree", "concurrency")["value"])
+    rows = predict_width(gmus=(0.9,), acceptances=("tiny",), trees=trees, concurrency=(1, 64))
+    assert drawn.to_list() == rows.sort("mode", "tree", "concurrency")["acceptance_length"].to_list()

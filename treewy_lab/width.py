@@ -1,11 +1,12 @@
 """Notebook 06: where draft-tree width pays in serving. Each tree's output throughput against the chain's at every
 load, SIMULATED for the 35B architecture on one H200 as ``benchmarks/vllm_serve_gpu.py sweep --tree`` serves it
-(decode-only CUDA graphs up to max_num_seqs x (1 + N) tokens) at one acceptance per tree, the sweep's
+(``treewy.sim.predict``'s grid: decode-only CUDA graphs up to max_num_seqs x (1 + N) tokens, max(c, 16) requests per
+point; the rows ``benchmarks/sim_width_predictions.py`` commits before a run) at one acceptance per tree, the sweep's
 ``--acceptance``: the paper's Table 2 length (``paper-35b``) or the tiny checkpoint's measured per-depth rates
 (``tiny``), with the measured rows of any tree sweep on disk at the same acceptance overlaid; and the decode-bound
-identity behind each point: output tokens
-per second = running requests x tokens per step / step time, so a wider tree pays only where its extra accepted
-tokens per step outgrow what its larger step costs (and, for store-all, the N + 1 state blocks it takes)."""
+identity behind each point: output tokens per second = running requests x tokens per step / step time, so a wider
+tree pays only where its extra accepted tokens per step outgrow what its larger step costs (and, for store-all, the
+N + 1 state blocks it takes)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ from treewy_lab.frames import measured_matching, measured_runs
 from treewy_lab.setup import RESULTS_DIRS
 from treewy.schema import load_measured
 from treewy.serve.acceptance import parse_acceptance
-from treewy.sim import simulate
 from treewy.sim.calibrated import H200_DEFAULT
-from treewy.sim.predict import served_acceptance, server_for
+from treewy.sim.predict import predict, served_acceptance, server_for
 
 TREES = ((1, 1, 1), (2, 2, 1), (2, 2, 2), (3, 3, 3))
 CONCURRENCY = (1, 8, 32, 64, 128, 256)
@@ -63,9 +63,8 @@ def width_frame(gmu: float = 0.9, workload: str = "generation-short", trees=TREE
         raise ValueError(f"acceptance = {acceptance!r}: expected one of {', '.join(ACCEPTANCES)}")
     sims, total = [], len(trees)
     for i, tree in enumerate(trees):
-        sims.append(simulate("qwen3.5-35b-a3b", "h200", 1, gmu, mode=["store_all", "reconstruct"], tree=tree,
-                             workload=workload, concurrency=list(concurrency), server=server_for(tree),
-                             acceptance=served_acceptance(tree, acceptance))
+        sims.append(predict(gmus=(gmu,), workloads=(workload,), concurrency=concurrency, tree=tree,
+                            acceptance=served_acceptance(tree, acceptance), server=server_for(tree))
                     .with_columns(source=pl.lit("SIMULATED")))
         if on_point:
             on_point(i + 1, total)
