@@ -5,7 +5,7 @@
 The sweep (issue 30's measured width curve): the 35B architecture with dummy weights on one H200, TP1, generation-short,
 concurrency 1..256, both modes, the chain and the trees (2, 2, 1), (2, 2, 2), (3, 3, 3), gmu 0.9 and 0.6, at both
 sources of per-depth acceptance (``--acceptance paper-35b`` and ``tiny``), each tree as ``vllm_serve_gpu.py sweep
---tree W`` serves it (``treewy.sim.predict``: the same requests per point, graphs up to max_num_seqs x (1 + N)).
+--tree W`` serves it (``treewy.sim.predict``: the same requests per point, graphs up to max_num_seqs x (1 + N), ``server_for``).
 Writes OUT.parquet (SIMULATED rows with ``acceptance_source``), OUT.json (the grid, the fit, the simulator's commit
 and the date) and OUT.txt: per gmu, acceptance and mode, each tree's throughput over the chain's at every load, then
 the decode-bound identity's terms behind it (tokens per step, step time, running requests).
@@ -35,7 +35,7 @@ def predict_width(gmus=GMUS, acceptances=ACCEPTANCES, trees=TREES, concurrency=N
     for acceptance in acceptances:
         for tree in trees:
             df = P.predict(gmus=gmus, workloads=(WORKLOAD,), concurrency=concurrency, seed=seed, tree=tree,
-                           acceptance=P.served_acceptance(tree, acceptance), server=P.server_for(tree))
+                           acceptance=P.served_acceptance(tree, acceptance))
             frames.append(df.with_columns(acceptance_source=pl.lit(acceptance)))
             if on_tree:
                 on_tree(len(frames), total)

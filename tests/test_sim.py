@@ -342,7 +342,7 @@ def test_width_predictions_serve_each_tree_at_its_acceptance_and_graphs():
     from treewy.sim import predict as P
 
     assert [P.graph_max_tokens(t) for t in ((1, 1, 1), (2, 2, 1), (3, 3, 3))] == [1024, 256 * 11, 256 * 40]
-    assert P.SERVER.graph_max_tokens == P.GRAPH_MAX_TOKENS == 1024
+    assert P.server_for().graph_max_tokens == 1024 and P.server_for((2, 2, 1)).graph_max_tokens == 2816
     trees = ((1, 1, 1), (2, 2, 1))
     df = predict_width(gmus=(0.9,), acceptances=("paper-35b", "tiny"), trees=trees, concurrency=(8,))
     assert df.height == 8 and df["simulated"].all() and set(df["tree"]) == {str(t) for t in trees}

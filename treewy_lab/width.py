@@ -17,7 +17,7 @@ from treewy_lab.setup import RESULTS_DIRS
 from treewy.schema import load_measured
 from treewy.serve.acceptance import parse_acceptance
 from treewy.sim.calibrated import H200_DEFAULT
-from treewy.sim.predict import predict, served_acceptance, server_for
+from treewy.sim.predict import predict, served_acceptance
 
 TREES = ((1, 1, 1), (2, 2, 1), (2, 2, 2), (3, 3, 3))
 CONCURRENCY = (1, 8, 32, 64, 128, 256)
@@ -64,7 +64,7 @@ def width_frame(gmu: float = 0.9, workload: str = "generation-short", trees=TREE
     sims, total = [], len(trees)
     for i, tree in enumerate(trees):
         sims.append(predict(gmus=(gmu,), workloads=(workload,), concurrency=concurrency, tree=tree,
-                            acceptance=served_acceptance(tree, acceptance), server=server_for(tree))
+                            acceptance=served_acceptance(tree, acceptance))
                     .with_columns(source=pl.lit("SIMULATED")))
         if on_point:
             on_point(i + 1, total)

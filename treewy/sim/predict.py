@@ -48,9 +48,6 @@ def graph_max_tokens(tree=CHAIN) -> int:
     return capture_plan(opts).max_size
 
 
-GRAPH_MAX_TOKENS = graph_max_tokens()
-
-
 def server_from_fit(name: str, tree=CHAIN):
     """The server fit ``name`` (``treewy.sim.calibrated.fitted``) with graphs captured as the sweep's launcher asks
     for ``tree``."""
@@ -60,9 +57,6 @@ def server_from_fit(name: str, tree=CHAIN):
 def server_for(tree=CHAIN):
     """The default fit's server for the sweep of ``tree``."""
     return server_from_fit(DEFAULT_FIT, tree)
-
-
-SERVER = server_for()
 
 
 def served_acceptance(tree, form: str = "paper-35b") -> list[float]:
@@ -86,9 +80,10 @@ def _lengths(workload: str, n: int, rng: np.random.Generator):
 
 
 def predict(gmus=GMUS, workloads=WORKLOADS, concurrency=CONCURRENCIES, seed: int = 0, acceptance=None,
-            server=SERVER, tree=CHAIN) -> pl.DataFrame:
+            server=None, tree=CHAIN) -> pl.DataFrame:
     """SIMULATED rows (``treewy.schema``) for every point of the grid, H200, TP1, the 35B architecture, serving
-    ``tree`` (give it ``server_for(tree)``)."""
+    ``tree`` on ``server`` (default ``server_for(tree)``)."""
+    server = server_for(tree) if server is None else server
     frames = []
     for gi, gmu in enumerate(gmus):
         for wi, wl in enumerate(workloads):
