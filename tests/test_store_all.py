@@ -65,8 +65,11 @@ def test_store_all_over_a_pool_of_blocks_reads_and_writes_the_blocks_in_place():
     o, out = store_all_verify_fwd(q, k, v, g, beta, pool, parents, 0, K ** -0.5, blocks=blocks, start=start)
     assert out is pool
     live = blocks[:2].long()
-    torch.testing.assert_close(o[:2], ro[:2], rtol=0, atol=0)
-    torch.testing.assert_close(pool[live], rstates[:2], rtol=0, atol=0)
+    # the two forms are two compiled kernels (HAS_BLOCKS): bit-equal under the interpreter, but a GPU's compiler may
+    # contract their multiply-adds differently (an H100, 2026-12-05: 2.4e-7 apart, a few ulp)
+    tol = dict(rtol=0, atol=0) if q.device.type == "cpu" else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(o[:2], ro[:2], **tol)
+    torch.testing.assert_close(pool[live], rstates[:2], **tol)
     untouched = torch.ones(1 + B * T, dtype=torch.bool, device=q.device)
     untouched[live.flatten()] = False
     assert torch.equal(pool[untouched], before[untouched]), "the padding row and the other blocks stay as they were"
