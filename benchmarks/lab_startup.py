@@ -2,13 +2,16 @@
 
     python -m benchmarks.lab_startup --out $OUT                  # the GPU with the kernels live (TREEWY_DEVICE)
     python -m benchmarks.lab_startup --out DIR --device cpu      # the same on a CPU
+    python -m benchmarks.lab_startup --out $OUT --engine-only    # without the lab: torch, transformers, the engine
 
 The two cells that took 18.6 of notebook 04's 30.2 s warm on the H200 and 7.3 s on the 2-core CPU (2026-12-04,
 ``benchmarks/results/notebooks_h200_2026-12-04/``), split in the order they run: every module ``treewy_lab.setup``
 loads, one at a time with the notebook's ``load=`` modules after them (each row: what importing it added), the
 environment banner's ``describe()``, the device's first use, ``load("tiny")``, then the plain and the (3, 3, 3)
 decode of the cell, each twice (the first captures its CUDA graph on a GPU, the second replays it). Writes
-lab_startup.json and lab_startup.txt (device, date, versions, seconds per phase).
+lab_startup.json and lab_startup.txt (device, date, versions, seconds per phase). ``--engine-only`` leaves out
+``treewy_lab`` and the modules its setup loads (polars, altair, ipywidgets: a GPU host without the lab's wheels) and
+imports torch first: the phases then say what torch, transformers, the engine and ``load("tiny")`` cost there.
 """
 
 from __future__ import annotations
@@ -31,13 +34,18 @@ NOTEBOOK_LOADS = ("transformers", "treewy.models", "treewy.decode", "treewy_lab.
 PROMPT = "def fibonacci(n):\n    "
 
 
-def phases(device: str, new_tokens: int):
+def phases(device: str, new_tokens: int, lab: bool = True):
     """(name, thunk) in the order notebook 04 runs them, yielded one at a time: the module list comes from
-    ``treewy_lab.setup`` once the first phase has imported it, and a later thunk uses an earlier one's result."""
+    ``treewy_lab.setup`` once the first phase has imported it (``lab`` False: torch and the engine's modules alone),
+    and a later thunk uses an earlier one's result."""
     got = {}
-    yield "import treewy_lab", lambda: importlib.import_module("treewy_lab")
-    from treewy_lab.setup import _LOADS
-    for module in (*(m for m, _ in _LOADS), *NOTEBOOK_LOADS):
+    if lab:
+        yield "import treewy_lab", lambda: importlib.import_module("treewy_lab")
+        from treewy_lab.setup import _LOADS
+        modules = (*(m for m, _ in _LOADS), *NOTEBOOK_LOADS)
+    else:
+        modules = ("torch", *(m for m in NOTEBOOK_LOADS if not m.startswith("treewy_lab")))
+    for module in modules:
         yield f"import {module}", lambda m=module: importlib.import_module(m)
     import torch
     torch.set_num_threads(1)   # as the notebook's first cell sets it
@@ -75,6 +83,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
                     help="run every phase under cProfile (its times then include the profiler's) and write, for each "
                          "phase at least this long, its top functions by cumulative time to lab_startup_profile.txt")
+    ap.add_argument("--engine-only", action="store_true",
+                    help="leave out treewy_lab and what its setup loads (for a host without the lab's wheels)")
     args = ap.parse_args(argv)
     if not args.out:
         ap.error("--out: give an output folder (or set $OUT)")
@@ -86,7 +96,7 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     rows = []
     profiles = []
-    for name, thunk in phases(args.device, args.new_tokens):
+    for name, thunk in phases(args.device, args.new_tokens, lab=not args.engine_only):
         prof = cProfile.Profile() if args.profile else None
         t0 = time.perf_counter()
         if prof:
@@ -102,12 +112,15 @@ def main(argv=None) -> int:
     from benchmarks.run_notebooks_gpu import versions
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({platform.machine()})"
     report = {"device": device, "date": datetime.date.today().isoformat(), "versions": versions(),
-              "new_tokens": args.new_tokens, "total_s": round(time.perf_counter() - t_start, 3), "phases": rows}
+              "engine_only": args.engine_only, "new_tokens": args.new_tokens,
+              "total_s": round(time.perf_counter() - t_start, 3), "phases": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "lab_startup.json").write_text(json.dumps(report, indent=1) + "\n")
     head = f"{device}, {report['date']}; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
-    lines = [head, f"notebook 04's first two cells in a new process, phase by phase ({args.new_tokens} tokens per decode)",
+    what = "the engine's part of " if args.engine_only else ""
+    lines = [head, f"{what}notebook 04's first two cells in a new process, phase by phase ({args.new_tokens} tokens "
+             "per decode)",
              *(f"{r['seconds']:8.3f} s  {r['phase']}" for r in rows), f"{report['total_s']:8.3f} s  in all"]
     (out / "lab_startup.txt").write_text("\n".join(lines) + "\n")
     if args.profile:
