@@ -72,6 +72,12 @@ def _number(text: str, what: str, flag: str) -> float:
     return x
 
 
+def conditional_rates(rates) -> list[float]:
+    """Unconditional rates a_1 >= ... >= a_k (P(drafts 1..i accepted), or P(accepted depth >= d)) as the conditional
+    ones a sampler draws against, c_i = a_i / a_(i-1) (0 after a 0), as vLLM's synthetic sampler turns them."""
+    return [a / p if p > 0 else 0.0 for a, p in zip(rates, [1.0, *rates[:-1]])]
+
+
 def paper_depth_rates(tree: tuple[int, ...] | None, k: int) -> tuple[float, ...]:
     """``paper-35b``'s rates for a chain of ``k`` drafts or a ``tree`` of depth ``k``: the paper's 35B Table 2 length
     for the shape (its chain: 3.23 tokens per step), spread over the depths by the geometric rule; a chain of another

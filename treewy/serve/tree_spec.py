@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from treewy.accept import greedy_fwd, sampled_fwd, sibling_rank, RULES
+from treewy.serve.acceptance import conditional_rates
 from treewy.tree import DraftTree, as_int, short_repr
 
 #: What vLLM's rejection sampler writes past a request's emitted tokens (its PLACEHOLDER_TOKEN_ID).
@@ -427,8 +428,7 @@ class SyntheticAcceptance:
             raise ValueError(f"rates = {tuple(vals)}: the rates are unconditional (depth >= d), so they cannot rise "
                              "with depth; give a non-increasing list, e.g. (0.9, 0.7, 0.4)")
         self.layout, self.rates = layout, tuple(vals)
-        cond = [p / q if q > 0 else 0.0 for p, q in zip(vals, [1.0, *vals[:-1]])]
-        self.conditional = torch.tensor(cond, dtype=torch.float64, device=layout.device)
+        self.conditional = torch.tensor(conditional_rates(vals), dtype=torch.float64, device=layout.device)
         self._widths = torch.tensor(layout.widths, dtype=torch.float64, device=layout.device)
 
     @property

@@ -24,7 +24,7 @@ import numpy as np
 import polars as pl
 
 from treewy.paper import CONCURRENCIES
-from treewy.serve.acceptance import parse_acceptance
+from treewy.serve.acceptance import conditional_rates, parse_acceptance
 from treewy.serve.launcher_command import ServeOptions, capture_plan
 from treewy.sim.calibrated import H200_DEFAULT, H200_DEFAULT_FIT, fitted
 from treewy.sim.sweep import simulate
@@ -62,8 +62,7 @@ def server_for(tree=CHAIN):
 def served_acceptance(tree, form: str = "paper-35b") -> list[float]:
     """The simulator's per-depth conditional rates for a sweep of ``tree`` served at ``--acceptance form``
     (treewy.serve.acceptance): the served sampler's unconditional P(depth >= d) over P(depth >= d - 1)."""
-    a = parse_acceptance(form, len(tuple(tree)), dummy=True, tree=tuple(tree)).rates
-    return [x / p if p > 0 else 0.0 for x, p in zip(a, (1.0,) + a[:-1])]
+    return conditional_rates(parse_acceptance(form, len(tuple(tree)), dummy=True, tree=tuple(tree)).rates)
 
 
 def requests_per_point(concurrency: int) -> int:
