@@ -31,6 +31,12 @@ from pathlib import Path
 KEY = ["workload", "mode", "concurrency", "tree"]
 
 
+def key(frame) -> list[str]:
+    """A point's columns: KEY, and the acceptance it asked for where the table records it (a chain at ``tiny`` is
+    another point than the chain at ``paper-35b``)."""
+    return KEY + (["acceptance_source"] if "acceptance_source" in frame.columns else [])
+
+
 def mode_folders(src: Path, work: Path) -> list[Path]:
     """The --out folders in ``src``: its <mode>.tar.gz unpacked under ``work``, or its subfolders with a checkpoint."""
     for tar in sorted(src.glob("*.tar.gz")):
@@ -49,8 +55,11 @@ def gzip_record(data: bytes, dest: Path) -> None:
 
 
 def new_rows(frame, committed):
-    """The rows of ``frame`` whose point (KEY) ``committed`` lacks (None: all of them)."""
-    return frame if committed is None else frame.join(committed.select(KEY), on=KEY, how="anti")
+    """The rows of ``frame`` whose point (``key``) ``committed`` lacks (None: all of them)."""
+    if committed is None:
+        return frame
+    on = [c for c in key(frame) if c in committed.columns]
+    return frame.join(committed.select(on), on=on, how="anti", nulls_equal=True)
 
 
 def with_rows(committed, added):

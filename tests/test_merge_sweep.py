@@ -88,3 +88,15 @@ def test_without_a_package_only_the_results_folder_changes(call, capsys):
     assert "package's table left as it is" in capsys.readouterr().out
     assert pl.read_parquet(dest / "serve35b_store_all.parquet").height == 3
     assert ((data / "pkg.parquet").read_bytes(), (data / INDEX_NAME).read_bytes()) == before
+
+
+def test_the_same_point_at_another_acceptance_is_a_new_row():
+    """A chain swept at the tiny checkpoint's rates joins a package table that holds the chain at the paper's."""
+    rows = [json.loads(x)["row"] for x in (SWEEP / CKPT).read_text().splitlines()[:1]]
+    paper = serving_frame(rows)
+    assert paper["acceptance_source"].to_list() == ["paper-35b"]
+    tiny = paper.with_columns(acceptance_source=pl.lit("tiny"))
+    assert merge_sweep.new_rows(tiny, paper).height == 1
+    assert merge_sweep.new_rows(paper, paper).height == 0
+    older = paper.drop("acceptance_source")    # a table written before rows named their acceptance
+    assert merge_sweep.new_rows(paper, older).height == 0
