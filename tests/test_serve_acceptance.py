@@ -145,6 +145,12 @@ def test_capture_sizes_follow_the_server_and_respect_what_the_user_set():
     assert plan(max_num_seqs=64).max_size == 512                  # vLLM's own default is larger there: kept
     off = plan(max_num_seqs=300, num_speculative_tokens=2)        # 900: off vLLM's grid, so the sizes are listed
     assert off.flags[0] == "--cudagraph-capture-sizes" and off.flags[-2:] == ("896", "900")
+    wide = plan(num_speculative_tokens=39)                         # a (3,3,3) tree: 256 x 40 = 10240 tokens
+    assert wide.flags == ("--max-cudagraph-capture-size", "10240", "--max-num-batched-tokens", "10240"), wide.flags
+    mid = plan(num_speculative_tokens=10)                          # (2,2,1): 2816, above small GPUs' default budget
+    assert mid.flags[-2:] == ("--max-num-batched-tokens", "8192")  # never below the big GPUs' default
+    assert "--max-num-batched-tokens" not in plan(num_speculative_tokens=10, extra_args=[
+        "--max-num-batched-tokens", "4096"]).flags               # the user's budget is kept
     capped = plan(extra_args=["--max-num-batched-tokens", "601"])
     assert capped.max_size == 600 and capped.eager_fallback_possible and "601" in capped.why
     assert plan(cudagraph_max_size=512).eager_fallback_possible  # the 2026-11-30 setting, on purpose

@@ -207,12 +207,18 @@ def _compilation_config(args: list[str]) -> tuple[str | None, dict]:
     return text, cfg
 
 
+# vllm/engine/arg_utils.py: the API server's --max-num-batched-tokens, on GPUs of under 70 GiB and of 70 GiB or more
+VLLM_BATCHED_TOKENS_SMALL_GPU, VLLM_BATCHED_TOKENS = 2048, 8192
+
+
 def capture_plan(opts: ServeOptions) -> CapturePlan:
     """CUDA graphs covering every decode step the server admits: vLLM 0.26 captures steps of up to
     min(2 x max_num_seqs x (1 + k), 512) tokens by default and runs larger ones eagerly (at 256 requests of 4 tokens,
     half of what the server may admit), so the launcher asks for the larger of max_num_seqs x (1 + k) and that
     default. vLLM drops sizes above --max-num-batched-tokens (8,192 by default on GPUs of 70 GiB or more): an
-    explicit smaller value caps the plan, and says so. Capture sizes set among the extra arguments win."""
+    explicit smaller value caps the plan, and says so; without one, a plan above 2,048 (vLLM's default on smaller
+    GPUs) sets it to the larger of the plan and 8,192 (a (3,3,3) tree at 256 requests: 10,240). Capture sizes set
+    among the extra arguments win."""
     k, args = opts.num_speculative_tokens, opts.extra_args
     needed = opts.max_num_seqs * (1 + k)
     cc_text, cc = _compilation_config(args)
@@ -242,12 +248,18 @@ def capture_plan(opts: ServeOptions) -> CapturePlan:
     budget = extra_value(args, "--max-num-batched-tokens")
     if budget is not None and budget.isdigit() and int(budget) < target:
         target, why = int(budget), f"{why}, capped by --max-num-batched-tokens {budget}"
+    raised_budget = max(target, VLLM_BATCHED_TOKENS) if budget is None and target > VLLM_BATCHED_TOKENS_SMALL_GPU \
+        else None
+    if raised_budget is not None:
+        why += f", --max-num-batched-tokens {raised_budget} (vLLM's default drops larger graphs)"
     if target % (1 + k) and target > 1 + k:  # vLLM rounds decode graph sizes up to multiples of 1 + k, dropping any
         target -= target % (1 + k)          # above the largest size: a decode step past the last multiple runs eagerly
         why += f", rounded down to a multiple of 1 + k = {1 + k}"
     on_grid = target in (1, 2, 4) or target % (8 if target < 256 else 16) == 0
     flags = (("--max-cudagraph-capture-size", str(target)) if on_grid
              else ("--cudagraph-capture-sizes", *map(str, capture_grid(target))))
+    if raised_budget is not None:
+        flags += ("--max-num-batched-tokens", str(raised_budget))
     return CapturePlan(needed, target, flags, cc_text, why)
 
 
