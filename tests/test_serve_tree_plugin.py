@@ -920,10 +920,11 @@ def test_installed_hooks_pin_the_verify_kernels_first_configs_and_uninstall_unpi
     assert prune(["a", "b", "c"], {}) == ["b", "c"]
 
 
-def test_the_kernel_path_probe_prints_each_steps_errors(capsys):
+def test_the_kernel_path_probe_prints_each_steps_errors(capsys, monkeypatch):
     from benchmarks import tree_spec_kernel_probe as probe
 
-    probe.main(["--steps", "2", "--batches", "2", "--trees", "2,1", "--device", "cpu"])
+    monkeypatch.setenv("TREEWY_DOT_PRECISION", "ieee")           # exact dots on a GPU too (its default is tf32)
+    probe.main(["--steps", "2", "--batches", "2", "--trees", "2,1", "--device", DEVICE])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
     assert [r[:3] for r in rows] == [["2,1", "2", "0"], ["2,1", "2", "1"]] and rows[0][3] == "none"
-    assert max(float(x) for r in rows for x in r[4:]) < 1e-5       # exact dots on the CPU: fp32 rounding only
+    assert max(float(x) for r in rows for x in r[4:]) < 1e-5       # exact dots: fp32 rounding only
