@@ -1,4 +1,5 @@
-"""benchmarks/sweep_pair.sh, both modes' sweeps at once on two GPUs (or the modes MODES names), with python3 stubbed."""
+"""benchmarks/sweep_pair.sh, both modes' sweeps at once on two GPUs (or the modes MODES names), and
+benchmarks/width_sweep.sh, several trees' sweeps in turn on one GPU, with python3 stubbed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "sweep_pair.sh"
 
 
-def _run(tmp_path, *args, rc: int = 0, env=None):
+def _run(tmp_path, *args, rc: int = 0, env=None, script=SCRIPT):
     """Run the script with a python3 stub: it records its GPU and arguments, parses them with vllm_serve_gpu's own
     parser (the sweep itself stubbed out), and exits with ``rc`` in TreeWY's mode."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
@@ -29,7 +30,7 @@ m.main(sys.argv[3:])
 sys.exit({rc} if "reconstruct" in sys.argv else 0)
 """)
     stub.chmod(0o755)
-    r = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), *args], capture_output=True, text=True, cwd=ROOT,
+    r = subprocess.run(["bash", str(script), str(tmp_path / "out"), *args], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
                             **(env or {})})
     return r, sorted(line.split() for line in calls.read_text().splitlines())
@@ -83,3 +84,19 @@ def test_in_turn_runs_both_modes_on_the_first_gpu_one_after_the_other(tmp_path):
     assert sorted(c[c.index("--mode") + 1] for c in calls) == ["reconstruct", "store_all"]
     assert all(c[c.index("--stop-after") + 1] == "200" and c[-2:] == ["--concurrency", "1,8"] for c in calls)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["reconstruct.tar.gz", "store_all.tar.gz"]
+
+
+def test_width_sweep_serves_each_tree_in_turn_into_its_own_folder(tmp_path):
+    """width_sweep.sh: the chain without --tree, each tree with it, every server on GPU 0 with the call's gmu and
+    --stop-after, each tree's mode folder packed under OUT/<tree, dashed>/; the largest exit status comes back."""
+    r, calls = _run(tmp_path, "0.9", "140", "--workloads", "generation-short", rc=3,
+                    env={"TREES": "chain 2,2,1 3,3,3", "MODES": "reconstruct"},
+                    script=ROOT / "benchmarks" / "width_sweep.sh")
+    assert r.returncode == 3 and "width_sweep rc=3" in r.stdout, r.stderr
+    assert [c[0] for c in calls] == ["gpu=0"] * 3
+    trees = sorted(c[c.index("--tree") + 1] if "--tree" in c else "chain" for c in calls)
+    assert trees == ["2,2,1", "3,3,3", "chain"]
+    assert all(c[c.index("--gmu") + 1] == "0.9" and c[c.index("--stop-after") + 1] == "140" for c in calls)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["2-2-1", "3-3-3", "chain"]
+    for tree in ("2-2-1", "3-3-3", "chain"):
+        assert [p.name for p in (tmp_path / "out" / tree).iterdir()] == ["reconstruct.tar.gz"]
