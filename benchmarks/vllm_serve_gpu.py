@@ -500,11 +500,13 @@ def dummy_35b_server(args, extra=(), **options):
 
 def cmd_sweep(args) -> int:
     from treewy.serve.sweep import SweepConfig
-    from treewy.sim import predict
+    # the predicted grid's defaults, from modules that need no polars (a GPU host may lack it)
+    from treewy.paper import CONCURRENCIES
+    from treewy.workloads import MEASURED_WORKLOADS, MIN_REQUESTS
 
-    args.workloads = args.workloads or ",".join(predict.WORKLOADS)
-    args.concurrency = args.concurrency or ",".join(map(str, predict.CONCURRENCIES))
-    args.num_prompts = predict.MIN_REQUESTS if args.num_prompts is None else args.num_prompts
+    args.workloads = args.workloads or ",".join(MEASURED_WORKLOADS)
+    args.concurrency = args.concurrency or ",".join(map(str, CONCURRENCIES))
+    args.num_prompts = MIN_REQUESTS if args.num_prompts is None else args.num_prompts
 
     tree = {} if args.tree is None else {"tree": parse_tree(args.tree), "drafter": args.drafter}
     if tree:

@@ -110,6 +110,8 @@ def qwen_token_lengths(prompts: list[str]) -> list[int]:
 
 #: The three workloads of the measured 35B serving sweep on real vLLM (see above).
 MEASURED_WORKLOADS = ("generation-short", "summarize-short", "balanced-short")
+#: Requests per measured point at least (TTFT and TPOT from more than one sample at low concurrency).
+MIN_REQUESTS = 16
 
 #: The five workloads of the serving sweep (the paper's table is a geomean over five).
 SWEEP_WORKLOADS = ("sharegpt-chat", "spec-bench", "balanced-chat", "generation-heavy", "summarize-heavy")

@@ -29,10 +29,9 @@ from treewy.serve.launcher_command import ServeOptions, capture_plan
 from treewy.sim.calibrated import H200_DEFAULT, H200_DEFAULT_FIT, fitted
 from treewy.sim.sweep import simulate
 from treewy.tree import DraftTree
-from treewy.workloads import CATALOGUE, MEASURED_WORKLOADS
+from treewy.workloads import CATALOGUE, MEASURED_WORKLOADS, MIN_REQUESTS
 
 GMUS = (0.6, 0.75, 0.9)
-MIN_REQUESTS = 16
 REQUESTS_PER_CONCURRENCY = 1
 WORKLOADS = MEASURED_WORKLOADS
 #: The server fit the predictions price steps with (``treewy.sim.calibrated``).
