@@ -64,6 +64,7 @@ when the fault run started on its GPU 15 s later).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -244,21 +245,27 @@ def kv_capacity(text: str) -> dict:
 def capacity_report(text: str, *, model: str, tp: int, gmu: float, mode: str, max_model_len: int, max_num_seqs: int,
                     workloads: list[str]) -> dict:
     """vLLM's KV capacity lines from a server log beside treewy.memory's figures for that launch (per rank: the pool
-    of one GPU), and the simulator's store-all knee over ``workloads`` (SIMULATED, concurrency 1..256)."""
+    of one GPU), and the simulator's store-all knee over ``workloads`` (SIMULATED, concurrency 1..256; left out on
+    a host without polars, which the simulator needs)."""
     from treewy.memory import GIB, ServerConfig, paging
-    from treewy.sim import knee, simulate
 
     server = ServerConfig(max_num_seqs=max_num_seqs)
     layout = paging(model, "h200", tp=tp, gmu=gmu, mode=mode, server=server)
+    report = {"vllm": kv_capacity(text),
+              "treewy_memory": {"attention_block_size": layout.block_size, "num_blocks": layout.num_blocks,
+                                "pool_gib": round(layout.pool_bytes / GIB, 3), "page_kib": layout.page_bytes / 1024,
+                                "max_concurrency": round(layout.max_concurrency(max_model_len), 2),
+                                "max_concurrency_at_len": max_model_len}}
+    if importlib.util.find_spec("polars") is None:
+        report["simulated_knee"] = {"SIMULATED": True, "skipped": "polars is not installed on this host"}
+        return report
+    from treewy.sim import knee, simulate
+
     sim = simulate(model, "h200", tp=tp, gmu=gmu, mode=["store_all", "reconstruct"], workload=workloads,
                    concurrency=[1, 8, 32, 64, 128, 256], num_prompts=256, server=server)
-    return {"vllm": kv_capacity(text),
-            "treewy_memory": {"attention_block_size": layout.block_size, "num_blocks": layout.num_blocks,
-                              "pool_gib": round(layout.pool_bytes / GIB, 3), "page_kib": layout.page_bytes / 1024,
-                              "max_concurrency": round(layout.max_concurrency(max_model_len), 2),
-                              "max_concurrency_at_len": max_model_len},
-            "simulated_knee": {"SIMULATED": True, "workloads": workloads, "store_all": knee(sim),
-                               "reconstruct": knee(sim, "reconstruct")}}
+    report["simulated_knee"] = {"SIMULATED": True, "workloads": workloads, "store_all": knee(sim),
+                                "reconstruct": knee(sim, "reconstruct")}
+    return report
 
 
 def check_gpus(tp: int) -> None:

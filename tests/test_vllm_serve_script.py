@@ -73,6 +73,33 @@ def test_sweep_resumes_a_checkpoint_and_reruns_failed_points_when_asked(tmp_path
     assert json.loads(mod.compile_args("piecewise")[1]) == {"mode": 3, "cudagraph_mode": "PIECEWISE"}
 
 
+def test_sweep_runs_on_a_host_without_polars(tmp_path):
+    """A GPU host has no polars (the sweep keeps its rows in the JSONL checkpoint there): ``sweep`` must not import
+    it, as it did through treewy.sim.predict for the grid's defaults (the 2026-12-06 H200 run stopped on that)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    code = f"""
+import json, sys
+sys.modules["polars"] = None
+import treewy.serve.export as export
+from benchmarks import vllm_serve_gpu as mod
+export.export_dummy = lambda *a, **k: {str(tmp_path / "model")!r}
+seen = []
+mod.run_sweep = lambda cfg, out: (seen.append(cfg), (0, 0))[1]
+assert mod.main(["sweep", "--mode", "store_all", "--out", {str(tmp_path)!r}]) == 0
+print(seen[0].workloads, seen[0].concurrencies)
+print(json.loads(open({str(tmp_path / "capacity_store_all_tp1.json")!r}).read())["simulated_knee"])
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "['generation-short', 'summarize-short', 'balanced-short'] [1, 8, 32, 64, 128, 256]" in done.stdout
+    assert "'skipped': 'polars is not installed on this host'" in done.stdout
+
+
 def test_acceptance_check_serves_the_default_acceptance_and_reports_graphs(tmp_path, monkeypatch, bench_script,
                                                                           capsys):
     """``acceptance --mode M``: the 35B dummy server at the paper's acceptance, graphs up to 1024 tokens and vLLM's
