@@ -8,6 +8,7 @@ import io
 import os
 import subprocess
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,30 @@ def test_pieces_staged_one_per_run_unpack_the_site_the_moe_ops_and_the_plugin_en
     entry = (site / "treewy_plugin-0.0.0.dist-info" / "entry_points.txt").read_text()
     assert "treewy = treewy.serve.plugin:register" in entry
     assert list((tmp_path / "stage").glob("piece.*")) == []
+
+
+def test_wheels_cut_with_the_payload_are_unpacked_into_the_site(tmp_path):
+    """``cut SRC DEST N WHEEL...``: wheels (polars, which the GPU machine lacks) travel in the same pieces, after the
+    MoE ops, and land unpacked in the site beside vllm; the MoE ops stay whole."""
+    sha = _payload(tmp_path / "src")
+    wheels = []
+    for name, body in (("fakepl-1.0-py3-none-any.whl", b"X = 1\n"), ("fakert-1.0-cp311-abi3-x.whl", os.urandom(9_000))):
+        path = tmp_path / name
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr(f"{name.split('-')[0]}/__init__.py", body)
+        wheels.append(str(path))
+    cut = _run(tmp_path, "cut", str(tmp_path / "src"), str(tmp_path / "pieces"), "4", *wheels, SITE_SHA_OVERRIDE=sha)
+    assert cut.returncode == 0, cut.stderr
+    assert 'wheels="fakepl-1.0-py3-none-any.whl:' in (tmp_path / "pieces" / "manifest").read_text()
+    for i in range(4):
+        r = _run(tmp_path, "stage", str(tmp_path / "pieces"), f"piece.{i}")
+        assert r.returncode == 0, r.stderr
+    assert "unpacked fakert-1.0-cp311-abi3-x.whl" in r.stdout
+    site = tmp_path / "site"
+    assert (site / "fakepl" / "__init__.py").read_text() == "X = 1\n"
+    assert (site / "fakert" / "__init__.py").stat().st_size == 9_000
+    assert (site / "vllm" / "moe_ops.py").read_text() == "OPS = 1\n"
+    assert not (tmp_path / "stage" / "wheels").exists()
 
 
 def test_a_payload_whose_site_does_not_match_its_checksum_is_refused(tmp_path):
