@@ -6,7 +6,9 @@ Notebook 04's two first cells spend most of their time importing torch and trans
 host 10.5 of 16.0 s warm against 2.8 s on a 2-core CPU: ``results/lab_startup_h100_2026-12-06/``). This measures
 the import alone, each time in a new process (``-X importtime``), twice as the host comes (the second run on a warm
 page cache), then twice with ``PYTHONPYCACHEPREFIX`` pointing at an empty folder and bytecode writing on (the first
-run writes the bytecode there, the second reads it). Beside the times it records what decides them: whether the packages' source
+run writes the bytecode there, the second reads it), then twice importing ``treewy_lab`` first as a notebook does,
+with an empty cache folder (``treewy_lab.bytecode``: on a Python that keeps no bytecode the first run compiles into the
+lab's cache and the second reads it; elsewhere the lab changes nothing). Beside the times it records what decides them: whether the packages' source
 folders hold compiled bytecode for this interpreter and can take it, ``sys.dont_write_bytecode``, and which optional
 packages transformers' import pulls in (scikit-learn, sympy, scipy). The slowest modules of each run by their own
 time are listed.
@@ -41,9 +43,9 @@ def bytecode_coverage(package: str) -> dict:
             "writable": os.access(root, os.W_OK)}
 
 
-def timed_import(env: dict) -> dict:
-    """One new interpreter importing TARGET under -X importtime: total seconds and the slowest modules."""
-    run = subprocess.run([sys.executable, "-X", "importtime", "-c", TARGET], env=env, capture_output=True, text=True)
+def timed_import(env: dict, target: str = TARGET) -> dict:
+    """One new interpreter importing ``target`` under -X importtime: total seconds and the slowest modules."""
+    run = subprocess.run([sys.executable, "-X", "importtime", "-c", target], env=env, capture_output=True, text=True)
     if run.returncode:
         raise RuntimeError(f"the import failed:\n{run.stderr[-2000:]}")
     rows = []
@@ -73,6 +75,11 @@ def main(argv=None) -> int:
             env = {k: v for k, v in base.items() if k != "PYTHONDONTWRITEBYTECODE"}
             runs[f"PYTHONPYCACHEPREFIX, run {i}"] = timed_import({**env, "PYTHONPYCACHEPREFIX": prefix})
             print(f"PYTHONPYCACHEPREFIX, run {i}: {runs[f'PYTHONPYCACHEPREFIX, run {i}']['seconds']:.2f} s", flush=True)
+    with tempfile.TemporaryDirectory() as cache:
+        for i in (1, 2):
+            name = f"treewy_lab first, run {i}"
+            runs[name] = timed_import({**base, "XDG_CACHE_HOME": cache}, "import treewy_lab; " + TARGET)
+            print(f"{name}: {runs[name]['seconds']:.2f} s", flush=True)
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "host": platform.node(), "python": sys.version.split()[0], "target": TARGET,
               "dont_write_bytecode": sys.dont_write_bytecode,

@@ -1,8 +1,12 @@
 """The lab: widget panels and altair charts over polars frames, used by the notebooks.
 
-Imports flow notebooks -> treewy_lab -> treewy. Call ``treewy_lab.setup()`` in a notebook's first cell.
+Imports flow notebooks -> treewy_lab -> treewy. Call ``treewy_lab.setup()`` in a notebook's first cell. Importing
+the lab keeps bytecode where the Python keeps none (``treewy_lab.bytecode``), before anything loads torch.
 """
 
+from treewy_lab.bytecode import keep_bytecode
 from treewy_lab.setup import setup
 
-__all__ = ["setup"]
+BYTECODE_CACHE = keep_bytecode()
+
+__all__ = ["BYTECODE_CACHE", "setup"]

@@ -57,6 +57,11 @@ def setup(banner: bool = True, load: tuple[str, ...] = ()) -> dict:
     info = describe()
     if not offline:
         info["features"]["offline charts"] = "no: vl-convert-python is not installed, so charts load Vega from the internet"
+    from treewy_lab import BYTECODE_CACHE
+    if BYTECODE_CACHE is not None:
+        info["features"]["bytecode cache"] = (f"{BYTECODE_CACHE}: this Python keeps no bytecode beside torch and "
+                                              "transformers, so the first kernel compiles their modules and later ones "
+                                              "read them there (TREEWY_LAB_BYTECODE=0 turns this off)")
     if line is not None:
         line.update(environment_banner(info, time.perf_counter() - t0))
     return info
@@ -99,5 +104,6 @@ def environment_banner(info: dict, seconds: float | None = None):
 
     versions = " · ".join(f"{k} {v}" for k, v in info["versions"].items() if v)
     took = f" · loaded in {seconds:.1f} s" if seconds is not None else ""
-    note = f"<br>offline charts: {info['features']['offline charts']}" if "offline charts" in info["features"] else ""
+    note = "".join(f"<br>{key}: {info['features'][key]}" for key in ("offline charts", "bytecode cache")
+                   if key in info["features"])
     return w.HTML(f"<b>TreeWY lab</b> on <b>{info['device']}</b> — {versions}{took}{note}")
