@@ -10,8 +10,9 @@ loads, one at a time with the notebook's ``load=`` modules after them (each row:
 environment banner's ``describe()``, the device's first use, ``load("tiny")``, then the plain and the (3, 3, 3)
 decode of the cell, each twice (the first captures its CUDA graph on a GPU, the second replays it). Writes
 lab_startup.json and lab_startup.txt (device, date, versions, seconds per phase). ``--engine-only`` leaves out
-``treewy_lab`` and the modules its setup loads (polars, altair, ipywidgets: a GPU host without the lab's wheels) and
-imports torch first: the phases then say what torch, transformers, the engine and ``load("tiny")`` cost there.
+``treewy_lab``'s setup and the modules it loads (polars, altair, ipywidgets: a GPU host without the lab's wheels):
+after the lab's bytecode cache (``treewy_lab.bytecode``, as importing the lab runs it) it imports torch first, and the
+phases then say what torch, transformers, the engine and ``load("tiny")`` cost there.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def phases(device: str, new_tokens: int, lab: bool = True):
         from treewy_lab.setup import _LOADS
         modules = (*(m for m, _ in _LOADS), *NOTEBOOK_LOADS)
     else:
+        yield "treewy_lab's bytecode cache", lambda: importlib.import_module("treewy_lab.bytecode")
         modules = ("torch", *(m for m in NOTEBOOK_LOADS if not m.startswith("treewy_lab")))
     for module in modules:
         yield f"import {module}", lambda m=module: importlib.import_module(m)
@@ -112,7 +114,7 @@ def main(argv=None) -> int:
     from benchmarks.run_notebooks_gpu import versions
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({platform.machine()})"
     report = {"device": device, "date": datetime.date.today().isoformat(), "versions": versions(),
-              "engine_only": args.engine_only, "new_tokens": args.new_tokens,
+              "engine_only": args.engine_only, "new_tokens": args.new_tokens, "bytecode_prefix": sys.pycache_prefix,
               "total_s": round(time.perf_counter() - t_start, 3), "phases": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -120,7 +122,7 @@ def main(argv=None) -> int:
     head = f"{device}, {report['date']}; " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
     what = "the engine's part of " if args.engine_only else ""
     lines = [head, f"{what}notebook 04's first two cells in a new process, phase by phase ({args.new_tokens} tokens "
-             "per decode)",
+             f"per decode); bytecode prefix: {sys.pycache_prefix}",
              *(f"{r['seconds']:8.3f} s  {r['phase']}" for r in rows), f"{report['total_s']:8.3f} s  in all"]
     (out / "lab_startup.txt").write_text("\n".join(lines) + "\n")
     if args.profile:

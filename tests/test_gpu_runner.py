@@ -64,16 +64,20 @@ def test_lab_startup_times_notebook_04s_first_cells_phase_by_phase_in_a_new_proc
     assert "treewy/models/__init__.py" in profile and "<frozen importlib" not in profile
     with pytest.raises(SystemExit):
         lab_startup.main(["--device", "cpu", "--out", str(tmp_path)])
-    # --engine-only: no lab module imported, torch first, the same engine phases after
+    # --engine-only: of the lab only its bytecode cache (no polars, altair, panels), then torch first, the same engine
+    # phases after
     probe = ("import sys; from benchmarks.lab_startup import main; main(sys.argv[1:]); "
-             "assert not any(m.startswith(('treewy_lab', 'polars', 'altair')) for m in sys.modules)")
+             "assert not any(m.startswith(('treewy_lab.panels', 'polars', 'altair', 'ipywidgets')) for m in sys.modules)")
     run = subprocess.run([sys.executable, "-c", probe,
                           "--device", "cpu", "--new-tokens", "2", "--out", str(tmp_path / "e"), "--engine-only"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     report = json.loads((tmp_path / "e" / "lab_startup.json").read_text())
     names = [r["phase"] for r in report["phases"]]
-    assert names[:4] == ["import torch", "import transformers", "import treewy.models", "import treewy.decode"]
+    assert names[:5] == ["treewy_lab's bytecode cache", "import torch", "import transformers", "import treewy.models",
+                         "import treewy.decode"]
+    from treewy_lab.bytecode import cache_dir, missing_bytecode
+    assert report["bytecode_prefix"] == (str(cache_dir()) if missing_bytecode() else None)
     assert names[-7:] == ['describe() (the banner)', "first use of cpu", 'load("tiny")', "plain decode, first",
                           "plain decode, again", "(3, 3, 3) decode, first", "(3, 3, 3) decode, again"]
     assert report["engine_only"] is True
