@@ -72,3 +72,9 @@ def test_packages_with_their_bytecode_are_left_alone(tmp_path):
     root, cached, prefix = run_keep(tmp_path)
     assert (root, prefix) == ("None", "None")
     assert Path(cached) == beside_source(str(init))
+
+
+def test_importing_the_lab_loads_no_torch_so_its_bytecode_is_kept_too():
+    """keep_bytecode runs when treewy_lab is imported; torch imported before it would compile from source still."""
+    probe = "import sys, treewy_lab; assert 'torch' not in sys.modules, 'torch came with treewy_lab'"
+    subprocess.run([sys.executable, "-c", probe], cwd=BYTECODE_PY.parents[1], check=True, capture_output=True)

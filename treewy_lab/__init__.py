@@ -1,12 +1,14 @@
 """The lab: widget panels and altair charts over polars frames, used by the notebooks.
 
 Imports flow notebooks -> treewy_lab -> treewy. Call ``treewy_lab.setup()`` in a notebook's first cell. Importing
-the lab keeps bytecode where the Python keeps none (``treewy_lab.bytecode``), before anything loads torch.
+the lab loads nothing heavy: it first keeps bytecode where the Python keeps none (``treewy_lab.bytecode``), before
+anything loads torch.
 """
 
 from treewy_lab.bytecode import keep_bytecode
-from treewy_lab.setup import setup
 
 BYTECODE_CACHE = keep_bytecode()
+
+from treewy_lab.setup import setup  # noqa: E402  (after keep_bytecode, so torch's bytecode is kept too)
 
 __all__ = ["BYTECODE_CACHE", "setup"]

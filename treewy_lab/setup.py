@@ -22,13 +22,13 @@ _LOADS = (("torch", "torch"), ("treewy", "treewy"), ("polars", "polars"), ("alta
 def __getattr__(name: str):
     """``RESULTS_DIRS``: where measured serving rows are read from (the package's data, then, in a source checkout,
     your own runs in results/); ``USER_RESULTS``: where ``treewy bench-serve`` writes (results/)."""
+    if name not in ("RESULTS_DIRS", "USER_RESULTS"):   # checked first: the import system asks for __path__, and
+        raise AttributeError(f"module 'treewy_lab.setup' has no attribute {name!r}")   # treewy imports torch
     from treewy.results import checkout_dirs, search_dirs
 
     if name == "RESULTS_DIRS":
         return search_dirs()
-    if name == "USER_RESULTS":
-        return checkout_dirs()[0] if checkout_dirs() else Path("results")
-    raise AttributeError(f"module 'treewy_lab.setup' has no attribute {name!r}")
+    return checkout_dirs()[0] if checkout_dirs() else Path("results")
 
 
 def setup(banner: bool = True, load: tuple[str, ...] = ()) -> dict:
