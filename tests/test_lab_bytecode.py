@@ -78,3 +78,16 @@ def test_importing_the_lab_loads_no_torch_so_its_bytecode_is_kept_too():
     """keep_bytecode runs when treewy_lab is imported; torch imported before it would compile from source still."""
     probe = "import sys, treewy_lab; assert 'torch' not in sys.modules, 'torch came with treewy_lab'"
     subprocess.run([sys.executable, "-c", probe], cwd=BYTECODE_PY.parents[1], check=True, capture_output=True)
+
+
+def test_setup_and_its_banner_say_where_the_bytecode_is_kept(tmp_path, monkeypatch):
+    import treewy_lab
+    from treewy_lab.setup import environment_banner, setup
+
+    monkeypatch.setattr(treewy_lab, "BYTECODE_CACHE", tmp_path / "bytecode")
+    info = setup(banner=False)
+    said = info["features"]["bytecode cache"]
+    assert said.startswith(str(tmp_path / "bytecode")) and "TREEWY_LAB_BYTECODE=0" in said
+    assert f"bytecode cache: {said}" in environment_banner(info).value
+    monkeypatch.setattr(treewy_lab, "BYTECODE_CACHE", None)
+    assert "bytecode cache" not in setup(banner=False)["features"]
