@@ -59,6 +59,8 @@ def test_pieces_staged_one_per_run_unpack_the_site_the_moe_ops_and_the_plugin_en
     entry = (site / "treewy_plugin-0.0.0.dist-info" / "entry_points.txt").read_text()
     assert "treewy = treewy.serve.plugin:register" in entry
     assert list((tmp_path / "stage").glob("piece.*")) == []
+    # the payload's sources get their bytecode once, where they were unpacked
+    assert sorted(p.name.split(".")[0] for p in (site / "vllm" / "__pycache__").glob("*.pyc")) == ["__init__", "moe_ops"]
 
 
 def test_wheels_cut_with_the_payload_are_unpacked_into_the_site(tmp_path):
