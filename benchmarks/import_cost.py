@@ -7,9 +7,10 @@ host 10.5 of 16.0 s warm against 2.8 s on a 2-core CPU: ``results/lab_startup_h1
 the import alone, each time in a new process (``-X importtime``), twice as the host comes (the second run on a warm
 page cache), then twice with ``PYTHONPYCACHEPREFIX`` pointing at an empty folder and bytecode writing on (the first
 run writes the bytecode there, the second reads it), then twice importing ``treewy_lab`` first as a notebook does,
-with an empty cache folder (``treewy_lab.bytecode``: on a Python that keeps no bytecode the first run compiles into the
-lab's cache and the second reads it; elsewhere the lab changes nothing). Beside the times it records what decides them: whether the packages' source
-folders hold compiled bytecode for this interpreter and can take it, ``sys.dont_write_bytecode``, and which optional
+with an empty cache folder (``treewy_lab.bytecode``: on a Python that keeps no bytecode the first run compiles into
+the lab's cache and the second reads it; elsewhere the lab changes nothing). Beside the times it records what decides
+them: whether the packages' source folders hold compiled bytecode for this interpreter and can take it,
+``sys.dont_write_bytecode``, and which optional
 packages transformers' import pulls in (scikit-learn, sympy, scipy). The slowest modules of each run by their own
 time are listed.
 """

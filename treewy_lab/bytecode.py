@@ -4,7 +4,8 @@ Python compiles a module's source on every import unless its bytecode sits in th
 install made with ``PYTHONDONTWRITEBYTECODE=1`` into a read-only or shared site keeps none, so every new notebook
 kernel compiles again the ~2,400 modules that torch and transformers' Qwen3.5 model import: on a 2-core CPU that
 import took 8.5 s compiling against 2.8 s reading bytecode (``benchmarks/import_cost.py``), and on a GPU host whose
-Python keeps none it is most of notebook 04's start (``benchmarks/results/lab_startup_h100_2026-12-06/``).
+Python keeps none it was half of notebook 04's warm start
+(``benchmarks/results/lab_startup_h100_2026-12-06_bytecode/``).
 
 ``keep_bytecode()``, run when ``treewy_lab`` is imported (before it loads torch), checks whether torch and
 transformers have bytecode beside their sources; where one has none it points Python's bytecode at

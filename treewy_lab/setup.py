@@ -59,7 +59,7 @@ def setup(banner: bool = True, load: tuple[str, ...] = ()) -> dict:
         info["features"]["offline charts"] = "no: vl-convert-python is not installed, so charts load Vega from the internet"
     from treewy_lab import BYTECODE_CACHE
     if BYTECODE_CACHE is not None:
-        info["features"]["bytecode cache"] = (f"{BYTECODE_CACHE}: this Python keeps no bytecode beside torch and "
+        info["features"]["bytecode cache"] = (f"{BYTECODE_CACHE}: this Python keeps no bytecode beside torch or "
                                               "transformers, so the first kernel compiles their modules and later ones "
                                               "read them there (TREEWY_LAB_BYTECODE=0 turns this off)")
     if line is not None:
