@@ -10,9 +10,8 @@ run writes the bytecode there, the second reads it), then twice importing ``tree
 with an empty cache folder (``treewy_lab.bytecode``: on a Python that keeps no bytecode the first run compiles into
 the lab's cache and the second reads it; elsewhere the lab changes nothing). Beside the times it records what decides
 them: whether the packages' source folders hold compiled bytecode for this interpreter and can take it,
-``sys.dont_write_bytecode``, and which optional
-packages transformers' import pulls in (scikit-learn, sympy, scipy). The slowest modules of each run by their own
-time are listed.
+``sys.dont_write_bytecode``, and which optional packages transformers' import pulls in (scikit-learn, sympy, scipy).
+The slowest modules of each run by their own time are listed.
 """
 
 from __future__ import annotations
