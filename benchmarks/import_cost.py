@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from treewy_lab.bytecode import beside_source
+
 TARGET = "import torch; import transformers.models.qwen3_5.modeling_qwen3_5"
 PACKAGES = ("torch", "transformers", "sklearn", "scipy", "sympy")
 
@@ -38,7 +40,7 @@ def bytecode_coverage(package: str) -> dict:
         return {"installed": spec is not None}
     root = Path(next(iter(spec.submodule_search_locations)))
     sources = list(root.rglob("*.py"))
-    cached = sum(Path(importlib.util.cache_from_source(str(p))).exists() for p in sources)
+    cached = sum(beside_source(str(p)).exists() for p in sources)
     return {"installed": True, "root": str(root), "py_files": len(sources), "with_bytecode": cached,
             "writable": os.access(root, os.W_OK)}
 
@@ -66,20 +68,17 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     base = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
+    writing = {k: v for k, v in base.items() if k != "PYTHONDONTWRITEBYTECODE"}
     runs = {}
-    for i in (1, 2):
-        runs[f"as installed, run {i}"] = timed_import(base)
-        print(f"as installed, run {i}: {runs[f'as installed, run {i}']['seconds']:.2f} s", flush=True)
-    with tempfile.TemporaryDirectory() as prefix:
-        for i in (1, 2):
-            env = {k: v for k, v in base.items() if k != "PYTHONDONTWRITEBYTECODE"}
-            runs[f"PYTHONPYCACHEPREFIX, run {i}"] = timed_import({**env, "PYTHONPYCACHEPREFIX": prefix})
-            print(f"PYTHONPYCACHEPREFIX, run {i}: {runs[f'PYTHONPYCACHEPREFIX, run {i}']['seconds']:.2f} s", flush=True)
-    with tempfile.TemporaryDirectory() as cache:
-        for i in (1, 2):
-            name = f"treewy_lab first, run {i}"
-            runs[name] = timed_import({**base, "XDG_CACHE_HOME": cache}, "import treewy_lab; " + TARGET)
-            print(f"{name}: {runs[name]['seconds']:.2f} s", flush=True)
+    with tempfile.TemporaryDirectory() as prefix, tempfile.TemporaryDirectory() as cache:
+        conditions = [("as installed", base, TARGET),
+                      ("PYTHONPYCACHEPREFIX", {**writing, "PYTHONPYCACHEPREFIX": prefix}, TARGET),
+                      ("treewy_lab first", {**base, "XDG_CACHE_HOME": cache}, "import treewy_lab; " + TARGET)]
+        for label, env, target in conditions:
+            for i in (1, 2):
+                name = f"{label}, run {i}"
+                runs[name] = timed_import(env, target)
+                print(f"{name}: {runs[name]['seconds']:.2f} s", flush=True)
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "host": platform.node(), "python": sys.version.split()[0], "target": TARGET,
               "dont_write_bytecode": sys.dont_write_bytecode,

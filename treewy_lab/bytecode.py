@@ -37,8 +37,7 @@ def missing_bytecode(packages=PROBES) -> list[str]:
     """The installed packages among ``packages`` with no bytecode beside their ``__init__.py`` (none is imported)."""
     missing = []
     for name in packages:
-        spec = importlib.util.find_spec(name) if name not in sys.modules else sys.modules[name].__spec__
-        origin = getattr(spec, "origin", None)
+        origin = getattr(importlib.util.find_spec(name), "origin", None)   # an imported one: its __spec__
         if origin and origin.endswith(".py") and not beside_source(origin).exists():
             missing.append(name)
     return missing
