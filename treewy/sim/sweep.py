@@ -15,7 +15,7 @@ from treewy.memory import GPU, MODES, ModelSpec, ServerConfig, paging, tree_dept
 from treewy.schema import serving_frame
 from treewy.results import fastest_rows, kernel_table, newest_targets
 from treewy.sim.cost import StepCost
-from treewy.sim.scheduler import run
+from treewy.sim.pool import run_points
 from treewy.sim.workloads import WORKLOADS, poisson_arrivals, sample_lengths
 from treewy.workloads import CATALOGUE
 
@@ -139,13 +139,15 @@ def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6,
              workload="generation-heavy", concurrency=None, rate=None, seed: int = 0, *, num_prompts: int | None = None,
              state_dtype: str | None = None, acceptance=None, kernels="auto",
              server: ServerConfig = ServerConfig(), lengths: tuple[Sequence[int], Sequence[int]] | None = None,
-             return_points: bool = False):
+             return_points: bool = False, workers: int | None = None, on_point=None):
     """Simulate a vLLM-style server; one row per (workload, mode, load point), labelled simulated.
 
     mode and workload may also be lists (a sweep); concurrency points go up to MAX_CONCURRENCY (4096). kernels: "auto" (the current measured kernel targets table,
     ``treewy.results.newest_targets``: treewy/data/index.json's "kernel_targets"), a path to a targets_*.json or kernels_*.json, or None (analytic only);
     the ``cost_source`` column says which table priced each row.
     lengths: explicit (prompt_lens, output_lens) instead of a workload's distribution.
+    workers: processes for the points (``treewy.sim.pool``; default ``TREEWY_SIM_WORKERS`` or every core, 1: here);
+    the rows do not depend on it. on_point(done, total): progress, as each (workload, mode, point) finishes.
     """
     model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
     gpu = gpu if isinstance(gpu, GPU) else GPU.from_name(gpu)
@@ -173,7 +175,7 @@ def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6,
                          layouts[m].state_dtype, kernel_file, server=server)
              for m in modes}
     today = _dt.date.today().isoformat()
-    rows, raw = [], []
+    tasks, labels = [], []
     for wi, wl in enumerate(workloads):
         for pi, point in enumerate(points):
             if num_prompts is not None:
@@ -190,14 +192,16 @@ def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6,
                 prompt, out = sample_lengths(wl, n, lrng)
             send_times = poisson_arrivals(float(point), n, lrng) if kind == "rate" else None
             for m in modes:
-                res = run(layouts[m], costs[m], prompt, out, accept_cum=accept_cum,
-                          rng=np.random.default_rng([seed, wi, pi, 1]),
-                          concurrency=int(point) if kind == "concurrency" else None, send_times=send_times, server=server)
-                rows.append(_row(res, model=model.name, gpu=gpu.name, tp=tp, gmu=gmu, workload=wl, mode=m,
-                                 tree=tree_str, num_drafts=T - 1, kind=kind, point=point, date=today,
-                                 cost_source=costs[m].source, max_num_seqs=server.max_num_seqs,
-                                 error=_fit_error(res, layouts[m])))
-                raw.append(res)
+                tasks.append(((layouts[m], costs[m], prompt, out),
+                              dict(accept_cum=accept_cum, rng=np.random.default_rng([seed, wi, pi, 1]),
+                                   concurrency=int(point) if kind == "concurrency" else None, send_times=send_times,
+                                   server=server)))
+                labels.append((wl, point, m))
+    raw = run_points(tasks, workers, on_point)
+    rows = [_row(res, model=model.name, gpu=gpu.name, tp=tp, gmu=gmu, workload=wl, mode=m, tree=tree_str,
+                 num_drafts=T - 1, kind=kind, point=point, date=today, cost_source=costs[m].source,
+                 max_num_seqs=server.max_num_seqs, error=_fit_error(res, layouts[m]))
+            for res, (wl, point, m) in zip(raw, labels)]
     df = serving_frame(rows)
     return (df, raw) if return_points else df
 

@@ -74,16 +74,16 @@ class ServingPanel(Panel):
         v = {k: c.value for k, c in self.controls.items()}
         points = self.points()
         self.progress.max, self.progress.value = 2 * len(points), 0
-        frames = []
-        for mode in ("store_all", "reconstruct"):
-            for c in points:
-                self.status.value = f"simulating {mode} at concurrency {c}…"
-                frames.append(simulate(model=v["model"], gpu=v["gpu"], tp=v["tp"], gmu=v["gmu"], mode=mode,
-                                       tree=TREES[v["tree"]], workload=v["workload"], concurrency=[c],
-                                       acceptance=ACCEPTANCE[v["acceptance"]],
-                                       server=replace(STEP_COSTS[v["step_costs"]], max_num_seqs=v["max_num_seqs"])))
-                self.progress.value += 1
-        return pl.concat(frames)
+        self.status.value = f"simulating both modes at {len(points)} concurrencies…"
+
+        def on_point(done: int, total: int) -> None:
+            self.progress.value = done
+            self.status.value = f"simulated {done} of {total} points…"
+
+        return simulate(model=v["model"], gpu=v["gpu"], tp=v["tp"], gmu=v["gmu"], mode=["store_all", "reconstruct"],
+                        tree=TREES[v["tree"]], workload=v["workload"], concurrency=points,
+                        acceptance=ACCEPTANCE[v["acceptance"]],
+                        server=replace(STEP_COSTS[v["step_costs"]], max_num_seqs=v["max_num_seqs"]), on_point=on_point)
 
     def update(self) -> None:
         v = {k: c.value for k, c in self.controls.items()}
@@ -192,14 +192,13 @@ def measured_ratio_figure(measured_dirs=RESULTS_DIRS, on_point=None) -> dict:
         server = replace(fitted(fit) if fit else ServerConfig(),
                          max_num_seqs=seqs or ServerConfig().max_num_seqs, **captured_graphs(part))
         sims = []
-        for mode in ("store_all", "reconstruct"):
-            for workload in part["workload"].unique(maintain_order=True):
-                points = sorted(part.filter(workload=workload)["concurrency"].unique())
-                sims.append(simulate(model=model, gpu=key, tp=tp, gmu=gmu, mode=mode, tree=widths, workload=workload,
-                                     concurrency=points, acceptance=accepted, server=server))
-                done += len(points)
-                if on_point:
-                    on_point(done, total)
+        for workload in part["workload"].unique(maintain_order=True):
+            points = sorted(part.filter(workload=workload)["concurrency"].unique())
+            sims.append(simulate(model=model, gpu=key, tp=tp, gmu=gmu, mode=["store_all", "reconstruct"],
+                                 tree=widths, workload=workload, concurrency=points, acceptance=accepted,
+                                 server=server,
+                                 on_point=on_point and (lambda d, _, before=done: on_point(before + d, total))))
+            done += 2 * len(points)
         sim_label = (f"SIMULATED twin of the {gpu} run of {part['date'][0]} (same settings, "
                      f"{f'fixed costs {fit}' if fit else 'assumed fixed costs'})")
         pair = pl.concat([ratios_frame(ratio_table(pl.concat(sims)), sim_label),

@@ -1,0 +1,61 @@
+"""The simulator's points across processes (treewy.sim.pool): the same rows as in one process, progress as points
+finish, bad worker counts refused, and a caller's unguarded script not run again in the workers."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from treewy.sim import simulate
+from treewy.sim.pool import MIN_PARALLEL, WORKERS_ENV, resolve_workers
+
+ROOT = Path(__file__).resolve().parent.parent
+POINTS = dict(mode=["store_all", "reconstruct"], workload=["generation-short", "summarize-short"],
+              concurrency=[1, 3, 8, 19])
+
+
+def test_workers_give_the_rows_of_one_process_to_the_bit():
+    one = simulate(**POINTS, workers=1)
+    assert 2 * 2 * 4 >= MIN_PARALLEL
+    assert one.equals(simulate(**POINTS, workers=2))
+
+
+def test_progress_counts_every_point_once_in_either_path():
+    for workers in (1, 2):
+        seen = []
+        simulate(**POINTS, workers=workers, on_point=lambda done, total: seen.append((done, total)))
+        assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[-1] == (16, 16), (workers, seen)
+
+
+@pytest.mark.parametrize("workers", [0, -2, 1.5, "two", True])
+def test_bad_worker_counts_name_the_argument(workers):
+    with pytest.raises(ValueError, match="workers"):
+        simulate(concurrency=[1], workers=workers)
+
+
+def test_the_environment_sets_the_default_and_a_bad_value_names_it(monkeypatch):
+    monkeypatch.setenv(WORKERS_ENV, "3")
+    assert resolve_workers() == 3
+    monkeypatch.setenv(WORKERS_ENV, "many")
+    with pytest.raises(ValueError, match=WORKERS_ENV):
+        resolve_workers()
+
+
+def test_an_unguarded_script_is_not_run_again_in_the_workers(tmp_path):
+    script = tmp_path / "sweep_once.py"
+    marker = tmp_path / "runs.txt"
+    script.write_text(textwrap.dedent(f"""
+        with open({str(marker)!r}, "a") as f:
+            f.write("ran\\n")
+        from treewy.sim import simulate
+        df = simulate(mode=["store_all", "reconstruct"], concurrency=[1, 2, 4, 8], workers=2)
+        print(df.height)
+    """))
+    for run in ([sys.executable, str(script)], [sys.executable, "-"]):
+        out = subprocess.run(run, input=script.read_text() if run[-1] == "-" else None, capture_output=True,
+                             text=True, timeout=300, cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.split() == ["8"]
+    assert marker.read_text().splitlines() == ["ran", "ran"]

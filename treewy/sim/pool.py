@@ -1,0 +1,111 @@
+"""Simulated load points on every core: each point's scheduler run (``treewy.sim.scheduler.run``) is independent and
+draws from its own seeded generator, so a sweep's points run in worker processes and give the same rows, to the
+bit, as one after another in this process.
+
+The workers come from a forkserver that imports the scheduler once; they are kept for the session and reused by
+every later sweep (a notebook's first sweep pays about a second to start them). ``TREEWY_SIM_WORKERS`` (or
+``simulate(..., workers=...)``) sets how many; 1 runs every point here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import sys
+import types
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+from treewy.sim.scheduler import run
+
+#: Fewer points than this run in this process: starting workers would cost more than the points.
+MIN_PARALLEL = 4
+#: The most workers a sweep starts (past this a sweep's longest point, not the core count, bounds its time).
+MAX_WORKERS = 16
+WORKERS_ENV = "TREEWY_SIM_WORKERS"
+
+_executor: ProcessPoolExecutor | None = None
+_executor_size = 0
+
+
+def _check_workers(value, name: str) -> int:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if isinstance(value, bool) or n < 1 or str(n) != str(value).strip():
+        raise ValueError(f"{name} = {value!r}: expected a positive integer (1 runs every simulated point in this "
+                         "process)")
+    return n
+
+
+def resolve_workers(workers: int | None = None) -> int:
+    """``workers`` if given, else ``TREEWY_SIM_WORKERS``, else the cores this process may use (at most MAX_WORKERS)."""
+    if workers is not None:
+        return _check_workers(workers, "workers")
+    if os.environ.get(WORKERS_ENV, "").strip():
+        return _check_workers(os.environ[WORKERS_ENV], WORKERS_ENV)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(cores, MAX_WORKERS)
+
+
+@contextlib.contextmanager
+def _main_left_alone():
+    """While worker processes start, ``__main__`` is a bare module: a spawned or forkserver worker otherwise runs the
+    caller's script again as ``__mp_main__`` (a script without an ``if __name__ == "__main__"`` guard would start
+    its sweep again there; ``python -`` has no file to run). The workers need nothing from it: they run
+    ``treewy.sim.scheduler.run``."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+def _pool(size: int) -> ProcessPoolExecutor:
+    global _executor, _executor_size
+    if _executor is None or _executor_size != size:
+        if _executor is not None:
+            _executor.shutdown(wait=False, cancel_futures=True)
+        if "forkserver" in multiprocessing.get_all_start_methods():
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(["treewy.sim.scheduler"])
+        else:
+            context = multiprocessing.get_context("spawn")
+        _executor, _executor_size = ProcessPoolExecutor(max_workers=size, mp_context=context), size
+    return _executor
+
+
+def run_points(tasks: Sequence[tuple[tuple, dict]], workers: int | None = None,
+               on_point: Callable[[int, int], None] | None = None) -> list:
+    """``[run(*args, **kwargs) for args, kwargs in tasks]``, across worker processes when there are enough points.
+
+    on_point(done, total) is called as each point finishes (in finishing order)."""
+    n = min(resolve_workers(workers), len(tasks))
+    total, results = len(tasks), [None] * len(tasks)
+    if n <= 1 or total < MIN_PARALLEL:
+        for i, (args, kwargs) in enumerate(tasks):
+            results[i] = run(*args, **kwargs)
+            if on_point:
+                on_point(i + 1, total)
+        return results
+    # the longest points first (their output tokens), so none starts last on an otherwise idle pool
+    order = sorted(range(total), key=lambda i: -int(tasks[i][0][3].sum()))
+    pool = _pool(n)
+    with _main_left_alone():   # the pool starts its processes in these submits
+        futures = {pool.submit(run, *tasks[i][0], **tasks[i][1]): i for i in order}
+    pending = set(futures)
+    try:
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                results[futures[f]] = f.result()
+            if on_point:
+                on_point(total - len(pending), total)
+    except BaseException:   # an error in a point, or an interrupt: the other points are not wanted any more
+        for f in pending:
+            f.cancel()
+        raise
+    return results
