@@ -6,7 +6,8 @@
 
 Modules: ``workloads`` (length distributions, arrivals), ``cost`` (per-step roofline),
 ``scheduler`` (continuous batching, chunked prefill, admission, preemption) and ``fast_path`` (its
-pure-decode steps in vectorized blocks), ``sweep`` (the driver and the ratio table), ``cli`` (``treewy simulate``). Every row it returns is labelled
+pure-decode steps in vectorized blocks), ``sweep`` (the driver and the ratio table), ``pool`` (its points across
+processes), ``cli`` (``treewy simulate``). Every row it returns is labelled
 ``simulated=True, device="simulated"``. See README.md in this folder for the choices made.
 """
 
