@@ -59,3 +59,18 @@ def test_an_unguarded_script_is_not_run_again_in_the_workers(tmp_path):
         assert out.returncode == 0, out.stderr[-3000:]
         assert out.stdout.split() == ["8"]
     assert marker.read_text().splitlines() == ["ran", "ran"]
+
+
+def test_a_dead_worker_fails_that_sweep_and_the_next_starts_a_new_pool():
+    from concurrent.futures.process import BrokenProcessPool
+
+    from treewy.sim import pool
+
+    before = simulate(**POINTS, workers=2)
+    for proc in list(pool._executor._processes.values()):
+        proc.kill()
+        proc.join()
+    with pytest.raises(BrokenProcessPool):
+        simulate(**POINTS, workers=2)
+    assert pool._executor is None
+    assert simulate(**POINTS, workers=2).equals(before)

@@ -16,6 +16,7 @@ import sys
 import types
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 
 from treewy.sim.scheduler import run
 
@@ -64,11 +65,17 @@ def _main_left_alone():
         sys.modules["__main__"] = main
 
 
+def _drop_pool() -> None:
+    global _executor, _executor_size
+    if _executor is not None:
+        _executor.shutdown(wait=False, cancel_futures=True)
+    _executor, _executor_size = None, 0
+
+
 def _pool(size: int) -> ProcessPoolExecutor:
     global _executor, _executor_size
     if _executor is None or _executor_size != size:
-        if _executor is not None:
-            _executor.shutdown(wait=False, cancel_futures=True)
+        _drop_pool()
         if "forkserver" in multiprocessing.get_all_start_methods():
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(["treewy.sim.scheduler"])
@@ -83,29 +90,33 @@ def run_points(tasks: Sequence[tuple[tuple, dict]], workers: int | None = None,
     """``[run(*args, **kwargs) for args, kwargs in tasks]``, across worker processes when there are enough points.
 
     on_point(done, total) is called as each point finishes (in finishing order)."""
-    n = min(resolve_workers(workers), len(tasks))
+    size = resolve_workers(workers)
     total, results = len(tasks), [None] * len(tasks)
-    if n <= 1 or total < MIN_PARALLEL:
+    if size <= 1 or total < MIN_PARALLEL:
         for i, (args, kwargs) in enumerate(tasks):
             results[i] = run(*args, **kwargs)
             if on_point:
                 on_point(i + 1, total)
         return results
-    # the longest points first (their output tokens), so none starts last on an otherwise idle pool
+    # the longest points first (by output tokens: run's 4th argument), so none starts last on an idle pool
     order = sorted(range(total), key=lambda i: -int(tasks[i][0][3].sum()))
-    pool = _pool(n)
-    with _main_left_alone():   # the pool starts its processes in these submits
-        futures = {pool.submit(run, *tasks[i][0], **tasks[i][1]): i for i in order}
-    pending = set(futures)
+    pool, futures = _pool(size), {}   # one pool for every sweep: no more processes start than it has points
     try:
+        with _main_left_alone():   # the pool starts its processes in these submits
+            for i in order:
+                futures[pool.submit(run, *tasks[i][0], **tasks[i][1])] = i
+        pending = set(futures)
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for f in done:
                 results[futures[f]] = f.result()
             if on_point:
                 on_point(total - len(pending), total)
+    except BrokenProcessPool:   # a worker died (killed, out of memory): the next sweep starts a new pool
+        _drop_pool()
+        raise
     except BaseException:   # an error in a point, or an interrupt: the other points are not wanted any more
-        for f in pending:
+        for f in futures:
             f.cancel()
         raise
     return results
