@@ -30,13 +30,17 @@ def test_missing_bytecode_names_packages_without_it_beside_their_source(tmp_path
 
 def run_keep(tmp_path: Path, **env) -> list[str]:
     """A new interpreter under PYTHONDONTWRITEBYTECODE=1 runs keep_bytecode (loaded from its file, so importing
-    treewy_lab's own probe of torch does not run first), then imports the package: prints what it saw."""
+    treewy_lab's own probe of torch does not run first), then imports the package: prints what it returned, the
+    package's bytecode, the prefix, and the package's bytecode in a child interpreter it starts."""
     script = (f"import importlib.util, sys\n"
               f"spec = importlib.util.spec_from_file_location('bytecode', {str(BYTECODE_PY)!r})\n"
               f"mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
               f"print(mod.keep_bytecode(('fakepkg_bytecode',)))\n"
               f"import fakepkg_bytecode\n"
-              f"print(fakepkg_bytecode.__cached__); print(sys.pycache_prefix)\n")
+              f"print(fakepkg_bytecode.__cached__); print(sys.pycache_prefix)\n"
+              f"import subprocess\n"
+              f"print(subprocess.run([sys.executable, '-c', 'import fakepkg_bytecode; print(fakepkg_bytecode.__cached__)'],"
+              f" capture_output=True, text=True, check=True).stdout.strip())\n")
     full = {**{k: v for k, v in os.environ.items() if k not in ("PYTHONPYCACHEPREFIX", "TREEWY_LAB_BYTECODE")},
             "PYTHONDONTWRITEBYTECODE": "1", "XDG_CACHE_HOME": str(tmp_path / "cache"),
             "PYTHONPATH": str(tmp_path / "pkgs"), **env}
@@ -47,9 +51,10 @@ def run_keep(tmp_path: Path, **env) -> list[str]:
 def test_a_package_without_bytecode_gets_it_in_the_labs_cache_and_reads_it_back(tmp_path):
     init = make_package(tmp_path / "pkgs")
     cache = tmp_path / "cache" / "treewy_lab" / "bytecode"
-    root, cached, prefix = run_keep(tmp_path)
+    root, cached, prefix, in_child = run_keep(tmp_path)
     assert root == prefix == str(cache)
     assert Path(cached).is_file() and Path(cached).is_relative_to(cache)
+    assert in_child == cached                                # a process the kernel starts reads the same cache
     assert not (init.parent / "__pycache__").exists()       # the package's folder stays as it was
     written = Path(cached).stat().st_mtime_ns
     assert run_keep(tmp_path)[1] == cached
@@ -58,20 +63,22 @@ def test_a_package_without_bytecode_gets_it_in_the_labs_cache_and_reads_it_back(
 
 def test_an_opt_out_or_a_prefix_of_your_own_is_left_alone(tmp_path):
     make_package(tmp_path / "pkgs")
-    root, _, prefix = run_keep(tmp_path, TREEWY_LAB_BYTECODE="0")
+    root, _, prefix, in_child = run_keep(tmp_path, TREEWY_LAB_BYTECODE="0")
     assert root == prefix == "None"
+    assert "treewy_lab" not in in_child
     mine = str(tmp_path / "mine")
-    root, _, prefix = run_keep(tmp_path, PYTHONPYCACHEPREFIX=mine)
+    root, _, prefix, in_child = run_keep(tmp_path, PYTHONPYCACHEPREFIX=mine)
     assert (root, prefix) == ("None", mine)
+    assert in_child.startswith(mine)
     assert not (tmp_path / "cache").exists()
 
 
 def test_packages_with_their_bytecode_are_left_alone(tmp_path):
     init = make_package(tmp_path / "pkgs")
     py_compile.compile(str(init), cfile=str(beside_source(str(init))), doraise=True)
-    root, cached, prefix = run_keep(tmp_path)
+    root, cached, prefix, in_child = run_keep(tmp_path)
     assert (root, prefix) == ("None", "None")
-    assert Path(cached) == beside_source(str(init))
+    assert Path(cached) == beside_source(str(init)) == Path(in_child)
 
 
 def test_importing_the_lab_loads_no_torch_so_its_bytecode_is_kept_too():

@@ -12,7 +12,8 @@ transformers have bytecode beside their sources; where one has none it points Py
 ``~/.cache/treewy_lab/bytecode`` (``sys.pycache_prefix``; ``XDG_CACHE_HOME`` moves it) and lets Python write there
 even under ``PYTHONDONTWRITEBYTECODE``, which then keeps only the package folders clean: the first kernel compiles,
 later ones read. A Python whose packages hold their bytecode, or a ``PYTHONPYCACHEPREFIX`` of your own, is left as it
-is; ``TREEWY_LAB_BYTECODE=0`` turns this off.
+is; ``TREEWY_LAB_BYTECODE=0`` turns this off. Python processes the kernel starts (the simulator's workers, which
+import torch) inherit the cache through ``PYTHONPYCACHEPREFIX``: they read what the kernel wrote.
 """
 
 from __future__ import annotations
@@ -56,4 +57,5 @@ def keep_bytecode(packages=PROBES) -> Path | None:
     root = cache_dir()
     sys.pycache_prefix = str(root)
     sys.dont_write_bytecode = False
+    os.environ["PYTHONPYCACHEPREFIX"] = str(root)   # child interpreters (the simulator's workers) read it too
     return root
