@@ -74,3 +74,27 @@ def test_a_dead_worker_fails_that_sweep_and_the_next_starts_a_new_pool():
         simulate(**POINTS, workers=2)
     assert pool._executor is None
     assert simulate(**POINTS, workers=2).equals(before)
+
+
+@pytest.mark.parametrize("workers, starts", [("2", True), ("1", False)])
+def test_start_early_starts_the_worker_server_only_where_points_leave_the_process(workers, starts):
+    code = ("import multiprocessing.forkserver as fs\n"
+            "from treewy.sim.pool import start_early\n"
+            "start_early()\n"
+            "print(fs._forkserver._forkserver_pid is not None)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "", WORKERS_ENV: workers})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == [str(starts)]
+
+
+def test_the_labs_setup_starts_the_simulator_early_when_asked(monkeypatch):
+    import treewy_lab
+    from treewy.sim import pool
+
+    calls = []
+    monkeypatch.setattr(pool, "start_early", lambda: calls.append(1))
+    treewy_lab.setup(banner=False)
+    assert calls == []
+    treewy_lab.setup(banner=False, simulator=True)
+    assert calls == [1]

@@ -31,11 +31,17 @@ def __getattr__(name: str):
     return checkout_dirs()[0] if checkout_dirs() else Path("results")
 
 
-def setup(banner: bool = True, load: tuple[str, ...] = ()) -> dict:
+def setup(banner: bool = True, load: tuple[str, ...] = (), simulator: bool = False) -> dict:
     """Load the libraries (a progress line says which), render charts offline (nothing loads from the internet),
     set the theme, show what is live. ``load``: further modules the notebook imports next (their loading time
-    then shows on the same line instead of in a blank cell)."""
+    then shows on the same line instead of in a blank cell). ``simulator``: start the serving simulator's worker
+    server now, for a notebook that simulates (it loads in its own process while the notebook goes on)."""
     from IPython.display import HTML, display
+
+    if simulator:
+        from treewy.sim.pool import start_early
+
+        start_early()
 
     line = display(HTML(""), display_id=True) if banner else None
     t0 = time.perf_counter()

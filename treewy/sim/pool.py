@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import sys
 import types
@@ -72,16 +73,28 @@ def _drop_pool() -> None:
     _executor, _executor_size = None, 0
 
 
+def _context():
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["treewy.sim.scheduler"])
+    return context
+
+
+def start_early() -> None:
+    """Start the forkserver now, where a sweep is coming (the lab's serving panels call it when imported): it imports
+    the scheduler in its own process, about a second, while the caller goes on, and the first sweep's workers fork
+    from a server that is ready. Nothing where points run here (``TREEWY_SIM_WORKERS=1``) or without a forkserver."""
+    if resolve_workers() > 1 and _context().get_start_method() == "forkserver":
+        with _main_left_alone():
+            multiprocessing.forkserver.ensure_running()
+
+
 def _pool(size: int) -> ProcessPoolExecutor:
     global _executor, _executor_size
     if _executor is None or _executor_size != size:
         _drop_pool()
-        if "forkserver" in multiprocessing.get_all_start_methods():
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["treewy.sim.scheduler"])
-        else:
-            context = multiprocessing.get_context("spawn")
-        _executor, _executor_size = ProcessPoolExecutor(max_workers=size, mp_context=context), size
+        _executor, _executor_size = ProcessPoolExecutor(max_workers=size, mp_context=_context()), size
     return _executor
 
 
