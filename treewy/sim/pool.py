@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
+from treewy.memory.specs import _positive
 from treewy.sim.scheduler import run
 
 #: Fewer points than this run in this process: starting workers would cost more than the points.
@@ -31,23 +32,20 @@ _executor: ProcessPoolExecutor | None = None
 _executor_size = 0
 
 
-def _check_workers(value, name: str) -> int:
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        n = 0
-    if isinstance(value, bool) or n < 1 or str(n) != str(value).strip():
-        raise ValueError(f"{name} = {value!r}: expected a positive integer (1 runs every simulated point in this "
-                         "process)")
-    return n
+def _count(name: str, value) -> int:
+    """A positive integer, or its decimal digits (an environment variable's text); anything else names ``name``."""
+    text = value.strip() if isinstance(value, str) else ""
+    if text.isdigit() and not text.startswith("0"):
+        value = int(text)
+    return _positive(name, value, "1 runs every simulated point in this process", integer=True)
 
 
 def resolve_workers(workers: int | None = None) -> int:
     """``workers`` if given, else ``TREEWY_SIM_WORKERS``, else the cores this process may use (at most MAX_WORKERS)."""
     if workers is not None:
-        return _check_workers(workers, "workers")
+        return _count("workers", workers)
     if os.environ.get(WORKERS_ENV, "").strip():
-        return _check_workers(os.environ[WORKERS_ENV], WORKERS_ENV)
+        return _count(WORKERS_ENV, os.environ[WORKERS_ENV])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return min(cores, MAX_WORKERS)
 
@@ -82,7 +80,7 @@ def _context():
 
 
 def start_early() -> None:
-    """Start the forkserver now, where a sweep is coming (the lab's serving panels call it when imported): it imports
+    """Start the forkserver now, where a sweep is coming (``treewy_lab.setup(simulator=True)`` calls it): it imports
     the scheduler in its own process, about a second, while the caller goes on, and the first sweep's workers fork
     from a server that is ready. Nothing where points run here (``TREEWY_SIM_WORKERS=1``) or without a forkserver."""
     if resolve_workers() > 1 and _context().get_start_method() == "forkserver":
