@@ -48,6 +48,8 @@ out.mkdir(parents=True)
 name = "summary" if "run_notebooks_gpu" in sys.argv[2] else "lab_startup"
 for ext in ("json", "txt"):
     (out / f"{name}.{ext}").write_text(json.dumps({"out": out.name, "argv": sys.argv[1:]}))
+if "--profile" in sys.argv:
+    (out / "lab_startup_profile.txt").write_text(" ".join(sys.argv[1:]))
 sys.exit(5 if out.name == "warm" else 0)
 """
 
@@ -67,15 +69,17 @@ def test_the_wheels_are_unpacked_and_compiled_and_the_worst_status_is_the_exit_s
     assert (site / "wheelmod.py").is_file() and list((site / "__pycache__").glob("wheelmod.*.pyc"))
     lines = calls.read_text().splitlines()
     assert [line.split()[1] for line in lines] == ["compileall", "benchmarks.run_notebooks_gpu",
-                                                   "benchmarks.run_notebooks_gpu", "benchmarks.lab_startup"]
+                                                   "benchmarks.run_notebooks_gpu", "benchmarks.lab_startup",
+                                                   "benchmarks.lab_startup"]
     for line in lines[1:]:
         argv, pythonpath = line.split(" | ")
         assert pythonpath.split(":")[:2] == [str(site), str(ROOT)]
         assert "--device cuda" in argv
     assert lines[1].split(" | ")[0].endswith("--notebooks 04_acceptance_sweeps")
+    assert "--profile" not in lines[3] and lines[4].split(" | ")[0].endswith("--profile 1.0")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "lab_startup_h100.json", "lab_startup_h100.txt", "summary_h100_cold.json", "summary_h100_cold.txt",
-        "summary_h100_warm.json", "summary_h100_warm.txt"]
+        "lab_startup_h100.json", "lab_startup_h100.txt", "lab_startup_profile_h100.txt", "summary_h100_cold.json",
+        "summary_h100_cold.txt", "summary_h100_warm.json", "summary_h100_warm.txt"]
     assert json.loads((tmp_path / "out" / "summary_h100_warm.json").read_text())["out"] == "warm"
 
 
