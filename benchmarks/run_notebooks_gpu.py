@@ -3,8 +3,9 @@
     PYTHONPATH=/tmp/site:$PWD python3 -m benchmarks.run_notebooks_gpu --out "$OUT"
 
 Writes into --out (default: $OUT): each executed notebook (outputs kept, `<name>.ipynb`), `summary.json` and
-`summary.txt` with the device, date, library versions, each notebook's wall time and its slowest cells (from
-nbclient's per-cell timestamps: the cell's number, first line and seconds); exits 1 if any notebook
+`summary.txt` with the device, date, library versions, each notebook's wall time split into the kernel's start, its
+cells' own time and the kernel's shutdown, and its slowest cells (from nbclient's per-cell timestamps: the cell's number, first line and
+seconds); exits 1 if any notebook
 failed (its executed copy shows where). Needs nbclient and ipykernel (benchmarks/gpu_wheels.txt lists the wheels).
 `--device cpu` runs the same on a CPU (small sizes), for a check anywhere.
 """
@@ -35,21 +36,41 @@ def versions() -> dict:
     return out
 
 
-def slowest_cells(nb, n: int = 4) -> list[dict]:
-    """The n code cells of an executed notebook that took longest: [{cell (its number among all cells), line (its
-    first line), seconds}], from the execute_input and execute_reply timestamps nbclient records."""
+def timed_cells(nb) -> list[dict]:
+    """Every code cell of an executed notebook with nbclient's execute_input and execute_reply timestamps:
+    [{cell (its number among all cells), line (its first line), start (epoch seconds), seconds}]."""
     from datetime import datetime
+
+    def epoch(stamp: str) -> float:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
     timed = []
     for i, cell in enumerate(nb.cells):
         t = cell.get("metadata", {}).get("execution", {})
         start, end = t.get("iopub.execute_input"), t.get("shell.execute_reply")
         if cell.cell_type == "code" and start and end:
-            seconds = (datetime.fromisoformat(end.replace("Z", "+00:00"))
-                       - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
             timed.append({"cell": i, "line": (cell.source.strip().splitlines() or [""])[0][:60],
-                          "seconds": round(seconds, 1)})
-    return sorted(timed, key=lambda c: -c["seconds"])[:n]
+                          "start": epoch(start), "seconds": epoch(end) - epoch(start)})
+    return timed
+
+
+def slowest_cells(nb, n: int = 4) -> list[dict]:
+    """The n code cells that took longest: [{cell, line, seconds}]."""
+    return [{"cell": c["cell"], "line": c["line"], "seconds": round(c["seconds"], 1)}
+            for c in sorted(timed_cells(nb), key=lambda c: -c["seconds"])[:n]]
+
+
+def split_wall_time(nb, started: float, ended: float) -> dict:
+    """A notebook's wall time (``started`` before the client starts the kernel, ``ended`` when it has shut it down;
+    epoch seconds) in parts: kernel_start_s up to the first cell's execute_input, cells_s the cells' own seconds
+    summed, shutdown_s from the last cell's reply to the end (no reader waits for it in JupyterLab); the rest is the
+    client's round trips between cells."""
+    timed = timed_cells(nb)
+    if not timed:
+        return {"kernel_start_s": None, "cells_s": 0.0, "shutdown_s": None}
+    return {"kernel_start_s": round(min(c["start"] for c in timed) - started, 1),
+            "cells_s": round(sum(c["seconds"] for c in timed), 1),
+            "shutdown_s": round(ended - max(c["start"] + c["seconds"] for c in timed), 1)}
 
 
 def main(argv=None) -> int:
@@ -84,7 +105,7 @@ def main(argv=None) -> int:
     failed = 0
     for path in tqdm(paths, desc="notebooks", unit="nb"):
         nb = nbformat.read(path, as_version=4)
-        t0 = time.perf_counter()
+        t0, started = time.perf_counter(), time.time()
         error = None
         try:
             NotebookClient(nb, timeout=args.timeout, kernel_name="python3",
@@ -92,16 +113,21 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - a failed notebook is a row of the summary and the exit code
             error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
             failed += 1
-        seconds = time.perf_counter() - t0
+        seconds, ended = time.perf_counter() - t0, time.time()
         nb.metadata["treewy_run"] = {"device": device, "date": summary["date"], "seconds": round(seconds, 1)}
         nbformat.write(nb, out / path.name)
         summary["notebooks"].append({"notebook": path.name, "seconds": round(seconds, 1), "ok": error is None,
-                                     "error": error, "slowest_cells": slowest_cells(nb)})
+                                     "error": error, **split_wall_time(nb, started, ended),
+                                     "slowest_cells": slowest_cells(nb)})
         tqdm.write(f"{path.name}: {'ok' if error is None else 'FAILED'} in {seconds:.1f} s" + (f" ({error})" if error else ""))
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     lines = [f"{device}, {summary['date']}; " + ", ".join(f"{k} {v}" for k, v in summary["versions"].items() if v), ""]
     for r in summary["notebooks"]:
-        lines.append(f"{r['notebook']:<36} {r['seconds']:>8.1f} s  {'ok' if r['ok'] else 'FAILED: ' + r['error']}")
+        parts = (f"  (kernel start {r['kernel_start_s']:.1f} s, cells {r['cells_s']:.1f} s, "
+                 f"shutdown {r['shutdown_s']:.1f} s)"
+                 if r["kernel_start_s"] is not None else "")
+        status = "ok" if r["ok"] else "FAILED: " + r["error"]
+        lines.append(f"{r['notebook']:<36} {r['seconds']:>8.1f} s  {status}{parts}")
         lines += [f"    cell {c['cell']:>3} {c['seconds']:>7.1f} s  {c['line']}" for c in r["slowest_cells"]]
     (out / "summary.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -23,7 +23,13 @@ def test_runner_writes_executed_notebooks_and_fails_on_an_error(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["device"].startswith("CPU") and summary["date"] and summary["versions"]["torch"]
     rows = {r["notebook"]: r for r in summary["notebooks"]}
-    assert rows["00_start_here.ipynb"]["ok"] and rows["00_start_here.ipynb"]["seconds"] > 0
+    row = rows["00_start_here.ipynb"]
+    assert row["ok"] and row["seconds"] > 0
+    parts = (row["kernel_start_s"], row["cells_s"], row["shutdown_s"])
+    assert all(0 <= p < row["seconds"] for p in parts) and row["cells_s"] > 0
+    assert sum(parts) <= row["seconds"] + 0.3   # rounding
+    text = (out / "summary.txt").read_text()
+    assert f"(kernel start {parts[0]:.1f} s, cells {parts[1]:.1f} s, shutdown {parts[2]:.1f} s)" in text
     slow = rows["00_start_here.ipynb"]["slowest_cells"]
     assert 0 < len(slow) <= 4 and slow == sorted(slow, key=lambda c: -c["seconds"]) and slow[0]["line"]
     assert f"    cell {slow[0]['cell']:>3}" in (out / "summary.txt").read_text()

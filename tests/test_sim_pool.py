@@ -1,6 +1,7 @@
 """The simulator's points across processes (treewy.sim.pool): the same rows as in one process, progress as points
 finish, bad worker counts refused, and a caller's unguarded script not run again in the workers."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -76,6 +77,22 @@ def test_a_dead_worker_fails_that_sweep_and_the_next_starts_a_new_pool():
     assert simulate(**POINTS, workers=2).equals(before)
 
 
+def test_an_interrupt_sent_to_the_workers_leaves_the_pool_usable():
+    """A Jupyter kernel's interrupt reaches every process of its group."""
+    import signal
+    import time
+
+    from treewy.sim import pool
+
+    before = simulate(**POINTS, workers=2)
+    workers = list(pool._executor._processes.values())
+    for proc in workers:
+        os.kill(proc.pid, signal.SIGINT)
+    time.sleep(0.5)
+    assert all(proc.is_alive() for proc in workers)
+    assert simulate(**POINTS, workers=2).equals(before)
+
+
 @pytest.mark.parametrize("workers, starts", [("2", True), ("1", False)])
 def test_start_early_starts_the_worker_server_only_where_points_leave_the_process(workers, starts):
     code = ("import multiprocessing.forkserver as fs\n"
@@ -98,3 +115,49 @@ def test_the_labs_setup_starts_the_simulator_early_when_asked(monkeypatch):
     assert calls == []
     treewy_lab.setup(banner=False, simulator=True)
     assert calls == [1]
+
+
+def test_stop_ends_the_workers_and_their_server_and_the_next_sweep_starts_them_again():
+    import multiprocessing.forkserver as fs
+    import multiprocessing.resource_tracker as rt
+
+    from treewy.sim import pool
+
+    before = simulate(**POINTS, workers=2)
+    workers = list(pool._executor._processes.values())
+    servers = (fs._forkserver._forkserver_pid, rt._resource_tracker._pid)
+    assert workers and None not in servers
+    pool.stop()
+    assert pool._executor is None and (fs._forkserver._forkserver_pid, rt._resource_tracker._pid) == (None, None)
+    assert all(not w.is_alive() for w in workers)
+    for pid in servers:
+        with pytest.raises(ChildProcessError):   # reaped, not a zombie
+            os.waitpid(pid, os.WNOHANG)
+    pool.stop()   # again: nothing to stop
+    assert simulate(**POINTS, workers=2).equals(before)
+
+
+KERNEL_CELL = """
+import atexit, treewy_lab
+from treewy.sim import simulate
+treewy_lab.setup(banner=False, simulator=True)
+simulate(mode=["store_all", "reconstruct"], workload=["generation-short"], concurrency=[1, 3, 8], workers=2)
+atexit.register(lambda: open({marker!r}, "w").write("exited by itself"))
+"""
+
+
+def test_a_kernel_that_simulated_shuts_down_by_itself(tmp_path):
+    """Without the lab's hook the kernel never reaches its atexit handlers: ipykernel waits on the worker server it
+    signalled until the client kills it."""
+    from jupyter_client.manager import start_new_kernel
+
+    marker = tmp_path / "marker"
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT),
+                              env={**os.environ, "PYTHONPATH": str(ROOT), "TREEWY_DEVICE": "cpu"})
+    try:
+        reply = kc.execute_interactive(KERNEL_CELL.format(marker=str(marker)), timeout=300)
+        assert reply["content"]["status"] == "ok", reply["content"]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel()
+    assert marker.read_text() == "exited by itself"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 import time
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def setup(banner: bool = True, load: tuple[str, ...] = (), simulator: bool = Fal
     server now, for a notebook that simulates (it loads in its own process while the notebook goes on)."""
     from IPython.display import HTML, display
 
+    stop_simulator_at_kernel_shutdown()
     if simulator:
         from treewy.sim.pool import start_early
 
@@ -71,6 +73,28 @@ def setup(banner: bool = True, load: tuple[str, ...] = (), simulator: bool = Fal
     if line is not None:
         line.update(environment_banner(info, time.perf_counter() - t0))
     return info
+
+
+def stop_simulator_at_kernel_shutdown() -> None:
+    """Have this Jupyter kernel's shutdown (or restart) end the serving simulator's worker processes first
+    (``treewy.sim.pool.stop``). Without it ipykernel signals them, waits on a worker server it cannot reap, and is
+    killed by its client seconds later (notebook 05's kernel took 2.6 s to shut down on the 2-core CPU, 1.1 s with
+    this hook). Nothing outside a kernel, or where it is already done."""
+    from IPython import get_ipython
+
+    kernel = getattr(get_ipython(), "kernel", None)
+    if kernel is None or getattr(kernel.do_shutdown, "stops_simulator", False):
+        return
+    do_shutdown = kernel.do_shutdown
+
+    def stop_simulator_then_shut_down(restart):
+        pool = sys.modules.get("treewy.sim.pool")   # imported only where something simulated or started it
+        if pool is not None:
+            pool.stop()
+        return do_shutdown(restart)
+
+    stop_simulator_then_shut_down.stops_simulator = True
+    kernel.do_shutdown = stop_simulator_then_shut_down
 
 
 def enable_offline_charts(cache_dir: Path | None = None) -> Path:

@@ -3,16 +3,20 @@ draws from its own seeded generator, so a sweep's points run in worker processes
 bit, as one after another in this process.
 
 The workers come from a forkserver that imports the scheduler once; they are kept for the session and reused by
-every later sweep (a notebook's first sweep pays about a second to start them). ``TREEWY_SIM_WORKERS`` (or
-``simulate(..., workers=...)``) sets how many; 1 runs every point here.
+every later sweep (a notebook's first sweep pays about a second to start them); ``stop()`` ends them, the server
+and multiprocessing's resource tracker (a Jupyter kernel's shutdown must: ``treewy_lab.setup`` sees to it).
+``TREEWY_SIM_WORKERS`` (or ``simulate(..., workers=...)``) sets how many; 1 runs every point here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
+import signal
 import sys
 import types
 from collections.abc import Callable, Sequence
@@ -71,6 +75,23 @@ def _drop_pool() -> None:
     _executor, _executor_size = None, 0
 
 
+def stop() -> None:
+    """End the workers (points still queued are cancelled), the forkserver and multiprocessing's resource tracker, and
+    wait for each to exit; the next sweep starts them again. A Jupyter kernel calls it as it shuts down: ipykernel
+    signals every process left in its group until none is, the tracker ignores the signals and a killed forkserver
+    stays a zombie child, so the kernel never finishes on its own and its client kills it seconds later."""
+    global _executor, _executor_size
+    if _executor is not None:
+        _executor.shutdown(wait=True, cancel_futures=True)
+        _executor, _executor_size = None, 0
+        gc.collect()   # the pool's queues: their semaphores unregister from the tracker before it stops
+    fork_server = multiprocessing.forkserver._forkserver
+    if fork_server._forkserver_pid is not None:
+        os.kill(fork_server._forkserver_pid, signal.SIGKILL)   # it only forks: nothing to finalize, and its exit
+    fork_server._stop()                                        # took 0.4 s; closes its pipe and reaps it
+    multiprocessing.resource_tracker._resource_tracker._stop()   # closes its pipe (it then exits) and reaps it
+
+
 def _context():
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
@@ -88,11 +109,19 @@ def start_early() -> None:
             multiprocessing.forkserver.ensure_running()
 
 
+def _ignore_interrupts() -> None:
+    """A worker's first step: a Jupyter kernel's interrupt signals its whole process group, and a worker it killed
+    would break the pool for the next sweep. The interrupt stops the sweep in the caller; the points already running
+    finish in their workers."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _pool(size: int) -> ProcessPoolExecutor:
     global _executor, _executor_size
     if _executor is None or _executor_size != size:
         _drop_pool()
-        _executor, _executor_size = ProcessPoolExecutor(max_workers=size, mp_context=_context()), size
+        _executor = ProcessPoolExecutor(max_workers=size, mp_context=_context(), initializer=_ignore_interrupts)
+        _executor_size = size
     return _executor
 
 
