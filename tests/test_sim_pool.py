@@ -23,6 +23,24 @@ def test_workers_give_the_rows_of_one_process_to_the_bit():
     assert one.equals(simulate(**POINTS, workers=2))
 
 
+def test_simulate_many_gives_each_calls_frame_to_the_bit_in_one_batch():
+    from treewy.sim import simulate_many
+
+    calls = [dict(mode=["store_all", "reconstruct"], workload="generation-short", concurrency=[1, 8]),
+             dict(mode="reconstruct", workload=["summarize-short", "generation-short"], concurrency=[3], gmu=0.75,
+                  tree=(2, 2, 1)),
+             dict(gpu="h200", mode=["store_all", "reconstruct"], workload="balanced-short", concurrency=[5, 19],
+                  seed=7)]
+    alone = [simulate(**kw, workers=1) for kw in calls]
+    seen = []
+    batched = simulate_many(calls, workers=2, on_point=lambda done, total: seen.append((done, total)))
+    assert len(batched) == len(calls) and all(a.equals(b) for a, b in zip(alone, batched))
+    assert seen[-1] == (4 + 2 + 4, 4 + 2 + 4) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert simulate_many([]) == []
+    with pytest.raises(ValueError, match=r"\['workers'\] apply to the whole batch"):
+        simulate_many([dict(concurrency=[1], workers=2)])
+
+
 def test_progress_counts_every_point_once_in_either_path():
     for workers in (1, 2):
         seen = []

@@ -17,7 +17,8 @@ from treewy_lab.setup import RESULTS_DIRS
 from treewy.schema import load_measured
 from treewy.serve.acceptance import parse_acceptance
 from treewy.sim.calibrated import H200_DEFAULT
-from treewy.sim.predict import predict, served_acceptance
+from treewy.sim.predict import predict_calls, served_acceptance
+from treewy.sim.sweep import simulate_many
 
 TREES = ((1, 1, 1), (2, 2, 1), (2, 2, 2), (3, 3, 3))
 CONCURRENCY = (1, 8, 32, 64, 128, 256)
@@ -61,13 +62,10 @@ def width_frame(gmu: float = 0.9, workload: str = "generation-short", trees=TREE
     (one source per run). on_point(done, total)."""
     if acceptance not in ACCEPTANCES:
         raise ValueError(f"acceptance = {acceptance!r}: expected one of {', '.join(ACCEPTANCES)}")
-    sims, total = [], len(trees)
-    for i, tree in enumerate(trees):
-        sims.append(predict(gmus=(gmu,), workloads=(workload,), concurrency=concurrency, tree=tree,
-                            acceptance=served_acceptance(tree, acceptance))
-                    .with_columns(source=pl.lit("SIMULATED")))
-        if on_point:
-            on_point(i + 1, total)
+    calls = [call for tree in trees
+             for call in predict_calls(gmus=(gmu,), workloads=(workload,), concurrency=concurrency, tree=tree,
+                                       acceptance=served_acceptance(tree, acceptance))]
+    sims = [frame.with_columns(source=pl.lit("SIMULATED")) for frame in simulate_many(calls, on_point=on_point)]
     on_disk = load_measured(*measured_dirs)
     measured = pl.concat([measured_matching(on_disk, model="qwen3.5-35b-a3b", gpu="h200", tp=1, gmu=gmu, tree=str(t),
                                             workload=workload, max_num_seqs=H200_DEFAULT.max_num_seqs,

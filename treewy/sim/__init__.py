@@ -12,8 +12,8 @@ processes), ``cli`` (``treewy simulate``). Every row it returns is labelled
 """
 
 from treewy.sim.sweep import (CONCURRENCIES, acceptance_rates, format_ratio_table, knee,
-                              ratio_table, simulate, sweep)
+                              ratio_table, simulate, simulate_many, sweep)
 from treewy.sim.workloads import WORKLOADS
 
 __all__ = ["CONCURRENCIES", "WORKLOADS", "acceptance_rates", "format_ratio_table", "knee", "ratio_table",
-           "simulate", "sweep"]
+           "simulate", "simulate_many", "sweep"]

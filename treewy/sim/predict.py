@@ -27,7 +27,7 @@ from treewy.paper import CONCURRENCIES
 from treewy.serve.acceptance import conditional_rates, parse_acceptance
 from treewy.serve.launcher_command import ServeOptions, capture_plan
 from treewy.sim.calibrated import H200_DEFAULT, H200_DEFAULT_FIT, fitted
-from treewy.sim.sweep import simulate
+from treewy.sim.sweep import simulate_many
 from treewy.tree import DraftTree
 from treewy.workloads import CATALOGUE, MEASURED_WORKLOADS, MIN_REQUESTS
 
@@ -77,21 +77,29 @@ def _lengths(workload: str, n: int, rng: np.random.Generator):
     return draw(i), draw(o)
 
 
-def predict(gmus=GMUS, workloads=WORKLOADS, concurrency=CONCURRENCIES, seed: int = 0, acceptance=None,
-            server=None, tree=CHAIN) -> pl.DataFrame:
-    """SIMULATED rows (``treewy.schema``) for every point of the grid, H200, TP1, the 35B architecture, serving
-    ``tree`` on ``server`` (default ``server_for(tree)``)."""
+def predict_calls(gmus=GMUS, workloads=WORKLOADS, concurrency=CONCURRENCIES, seed: int = 0, acceptance=None,
+                  server=None, tree=CHAIN) -> list[dict]:
+    """``simulate``'s arguments for every point of the grid (both modes each), in ``predict``'s order."""
     server = server_for(tree) if server is None else server
-    frames = []
-    for gi, gmu in enumerate(gmus):
+    calls = []
+    for gmu in gmus:
         for wi, wl in enumerate(workloads):
             for ci, c in enumerate(concurrency):
                 n = requests_per_point(c)
-                lengths = _lengths(wl, n, np.random.default_rng([seed, wi, ci]))
-                frames.append(simulate("qwen3.5-35b-a3b", "h200", 1, gmu, mode=["store_all", "reconstruct"],
-                                       workload=wl, concurrency=[c], seed=seed, num_prompts=n, lengths=lengths,
-                                       acceptance=acceptance, server=server, tree=tuple(tree)))
-    return pl.concat(frames)
+                calls.append(dict(model="qwen3.5-35b-a3b", gpu="h200", tp=1, gmu=gmu, mode=["store_all", "reconstruct"],
+                                  workload=wl, concurrency=[c], seed=seed, num_prompts=n,
+                                  lengths=_lengths(wl, n, np.random.default_rng([seed, wi, ci])),
+                                  acceptance=acceptance, server=server, tree=tuple(tree)))
+    return calls
+
+
+def predict(gmus=GMUS, workloads=WORKLOADS, concurrency=CONCURRENCIES, seed: int = 0, acceptance=None,
+            server=None, tree=CHAIN, on_point=None) -> pl.DataFrame:
+    """SIMULATED rows (``treewy.schema``) for every point of the grid, H200, TP1, the 35B architecture, serving
+    ``tree`` on ``server`` (default ``server_for(tree)``); all points in one batch across the simulator's workers.
+    on_point(done, total): progress."""
+    return pl.concat(simulate_many(predict_calls(gmus, workloads, concurrency, seed, acceptance, server, tree),
+                                   on_point=on_point))
 
 
 def sim_commit() -> str:

@@ -149,6 +149,36 @@ def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6,
     workers: processes for the points (``treewy.sim.pool``; default ``TREEWY_SIM_WORKERS`` or every core, 1: here);
     the rows do not depend on it. on_point(done, total): progress, as each (workload, mode, point) finishes.
     """
+    tasks, frame = _plan(model, gpu, tp, gmu, mode, tree, workload, concurrency, rate, seed,
+                         num_prompts=num_prompts, state_dtype=state_dtype, acceptance=acceptance, kernels=kernels,
+                         server=server, lengths=lengths)
+    raw = run_points(tasks, workers, on_point)
+    return (frame(raw), raw) if return_points else frame(raw)
+
+
+def simulate_many(calls: Sequence[dict], workers: int | None = None, on_point=None) -> list[pl.DataFrame]:
+    """``[simulate(**kw) for kw in calls]``, every call's points in one batch across the workers: a call's points no
+    longer wait for the previous call's slowest (the frames are the same, to the bit). on_point(done, total):
+    progress over all the calls' points."""
+    plans = []
+    for kw in calls:
+        bad = {"workers", "on_point", "return_points"} & set(kw)
+        if bad:
+            raise ValueError(f"calls: {sorted(bad)} apply to the whole batch; pass them to simulate_many itself")
+        plans.append(_plan(**kw))
+    raw = run_points([t for tasks, _ in plans for t in tasks], workers, on_point)
+    frames, start = [], 0
+    for tasks, frame in plans:
+        frames.append(frame(raw[start:start + len(tasks)]))
+        start += len(tasks)
+    return frames
+
+
+def _plan(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6, mode="store_all", tree=(1, 1, 1),
+          workload="generation-heavy", concurrency=None, rate=None, seed: int = 0, *, num_prompts: int | None = None,
+          state_dtype: str | None = None, acceptance=None, kernels="auto",
+          server: ServerConfig = ServerConfig(), lengths: tuple[Sequence[int], Sequence[int]] | None = None):
+    """simulate's arguments checked and its points laid out: (tasks for ``run_points``, frame(raw results) -> rows)."""
     model = model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
     gpu = gpu if isinstance(gpu, GPU) else GPU.from_name(gpu)
     modes = _as_list("mode", mode, MODES)
@@ -197,13 +227,15 @@ def simulate(model="qwen3.5-35b-a3b", gpu="b200", tp: int = 1, gmu: float = 0.6,
                                    concurrency=int(point) if kind == "concurrency" else None, send_times=send_times,
                                    server=server)))
                 labels.append((wl, point, m))
-    raw = run_points(tasks, workers, on_point)
-    rows = [_row(res, model=model.name, gpu=gpu.name, tp=tp, gmu=gmu, workload=wl, mode=m, tree=tree_str,
-                 num_drafts=T - 1, kind=kind, point=point, date=today, cost_source=costs[m].source,
-                 max_num_seqs=server.max_num_seqs, error=_fit_error(res, layouts[m]))
-            for res, (wl, point, m) in zip(raw, labels)]
-    df = serving_frame(rows)
-    return (df, raw) if return_points else df
+
+    def frame(raw) -> pl.DataFrame:
+        return serving_frame([_row(res, model=model.name, gpu=gpu.name, tp=tp, gmu=gmu, workload=wl, mode=m,
+                                   tree=tree_str, num_drafts=T - 1, kind=kind, point=point, date=today,
+                                   cost_source=costs[m].source, max_num_seqs=server.max_num_seqs,
+                                   error=_fit_error(res, layouts[m]))
+                              for res, (wl, point, m) in zip(raw, labels)])
+
+    return tasks, frame
 
 
 def _fit_error(res, layout) -> str | None:

@@ -16,7 +16,7 @@ from treewy_lab.setup import RESULTS_DIRS
 from treewy.memory import GPU, ModelSpec, ServerConfig
 from treewy.schema import load_measured
 from treewy.paper import SERVING_RATIOS, SHAPES
-from treewy.sim import CONCURRENCIES, knee, ratio_table, simulate
+from treewy.sim import CONCURRENCIES, knee, ratio_table, simulate, simulate_many
 from treewy.sim.calibrated import (H200_DEFAULT, H200_DEFAULT_FIT, H200_VLLM026_DECODE_GRAPHS,
                                    H200_VLLM026_GRAPHS1024_ACCEPTED, H200_VLLM026_GRAPHS1024_LONGSTEPS, fitted)
 from treewy.workloads import CATALOGUE
@@ -180,8 +180,7 @@ def measured_ratio_figure(measured_dirs=RESULTS_DIRS, on_point=None) -> dict:
     keys = ["model", "gpu", "tp", "gmu", "tree", "max_num_seqs"]
     runs = [(cfg, label, part) for cfg, rows in measured.group_by(*keys, maintain_order=True)
             for label, part in measured_runs(rows)]
-    total = sum(2 * part.select("workload", "concurrency").unique().height for *_, part in runs)
-    done, frames, parting, notes = 0, [], [], {}
+    twins, calls = [], []   # every run's twin in one batch across the simulator's workers
     for (model, gpu, tp, gmu, tree, seqs), label, part in runs:
         key = _gpu_key(gpu)
         if key is None:
@@ -191,14 +190,15 @@ def measured_ratio_figure(measured_dirs=RESULTS_DIRS, on_point=None) -> dict:
         fit = h200_twin_fit(accepted) if key == "h200" else None
         server = replace(fitted(fit) if fit else ServerConfig(),
                          max_num_seqs=seqs or ServerConfig().max_num_seqs, **captured_graphs(part))
-        sims = []
-        for workload in part["workload"].unique(maintain_order=True):
-            points = sorted(part.filter(workload=workload)["concurrency"].unique())
-            sims.append(simulate(model=model, gpu=key, tp=tp, gmu=gmu, mode=["store_all", "reconstruct"],
-                                 tree=widths, workload=workload, concurrency=points, acceptance=accepted,
-                                 server=server,
-                                 on_point=on_point and (lambda d, _, before=done: on_point(before + d, total))))
-            done += 2 * len(points)
+        workloads = part["workload"].unique(maintain_order=True)
+        twins.append(((model, gpu, tp, gmu, tree, seqs), label, part, fit, len(workloads)))
+        calls += [dict(model=model, gpu=key, tp=tp, gmu=gmu, mode=["store_all", "reconstruct"], tree=widths,
+                       workload=workload, concurrency=sorted(part.filter(workload=workload)["concurrency"].unique()),
+                       acceptance=accepted, server=server) for workload in workloads]
+    frames, parting, notes = [], [], {}
+    sims_of_runs = iter(simulate_many(calls, on_point=on_point))
+    for (model, gpu, tp, gmu, tree, seqs), label, part, fit, n_workloads in twins:
+        sims = [next(sims_of_runs) for _ in range(n_workloads)]
         sim_label = (f"SIMULATED twin of the {gpu} run of {part['date'][0]} (same settings, "
                      f"{f'fixed costs {fit}' if fit else 'assumed fixed costs'})")
         pair = pl.concat([ratios_frame(ratio_table(pl.concat(sims)), sim_label),
