@@ -111,6 +111,24 @@ def test_an_interrupt_sent_to_the_workers_leaves_the_pool_usable():
     assert simulate(**POINTS, workers=2).equals(before)
 
 
+def test_an_interrupted_sweep_ends_the_points_under_way_and_the_next_sweep_starts_a_new_pool():
+    from treewy.sim import pool
+
+    class Interrupt(BaseException):   # KeyboardInterrupt would stop pytest too
+        pass
+
+    def interrupt(done, total):
+        raise Interrupt
+
+    before = simulate(**POINTS, workers=2)
+    workers = list(pool._executor._processes.values())
+    slow = dict(mode=["store_all", "reconstruct"], workload="generation-heavy", concurrency=[1, 8, 256, 1024])
+    with pytest.raises(Interrupt):
+        simulate(**slow, workers=2, on_point=interrupt)   # a 1024 point done (the longest go first), others under way
+    assert pool._executor is None and all(not w.is_alive() for w in workers)
+    assert simulate(**POINTS, workers=2).equals(before)
+
+
 @pytest.mark.parametrize("workers, starts", [("2", True), ("1", False)])
 def test_start_early_starts_the_worker_server_only_where_points_leave_the_process(workers, starts):
     code = ("import multiprocessing.forkserver as fs\n"
