@@ -82,9 +82,10 @@ def _drop_pool(kill: bool = False) -> None:
 
 def stop() -> None:
     """End the workers (points still running or queued are dropped), the forkserver and multiprocessing's resource
-    tracker, and wait for each to exit; the next sweep starts them again. A Jupyter kernel calls it as it shuts down: ipykernel
-    signals every process left in its group until none is, the tracker ignores the signals and a killed forkserver
-    stays a zombie child, so the kernel never finishes on its own and its client kills it seconds later."""
+    tracker, and wait for each to exit; the next sweep starts them again. A Jupyter kernel calls it as it shuts
+    down: ipykernel signals every process left in its group until none is, the tracker ignores the signals and a
+    killed forkserver stays a zombie child, so the kernel never finishes on its own and its client kills it seconds
+    later."""
     if _executor is not None:
         _drop_pool(kill=True)   # a point still running (a sweep interrupted just before) would hold the shutdown
         gc.collect()   # the pool's queues: their semaphores unregister from the tracker before it stops
