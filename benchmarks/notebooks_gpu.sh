@@ -21,6 +21,7 @@ mkdir -p "$out"
 site_tar=${SITE_TAR-build/nbsite.tar.xz}
 site=${SITE:-/tmp/site}
 device=${DEVICE:-cuda}
+profile=${LAB_PROFILE-1.0}
 work=$(mktemp -d)
 rc=0
 if [ -n "$site_tar" ]; then
@@ -39,9 +40,9 @@ if [ "${LAB_STARTUP:-1}" = 1 ]; then
     python3 -m benchmarks.lab_startup --device "$device" --out "$work/startup" > "$work/startup.log" 2>&1
     r=$?; [ "$r" -gt "$rc" ] && rc=$r
     for ext in json txt; do cp "$work/startup/lab_startup.$ext" "$out/lab_startup_$tag.$ext" 2>/dev/null; done
-    if [ -n "${LAB_PROFILE-1.0}" ]; then
+    if [ -n "$profile" ]; then
         echo "$(date -u +%H:%M:%S) lab_startup under cProfile"
-        python3 -m benchmarks.lab_startup --device "$device" --out "$work/profile" --profile "${LAB_PROFILE-1.0}" \
+        python3 -m benchmarks.lab_startup --device "$device" --out "$work/profile" --profile "$profile" \
             > "$work/profile.log" 2>&1
         r=$?; [ "$r" -gt "$rc" ] && rc=$r
         cp "$work/profile/lab_startup_profile.txt" "$out/lab_startup_profile_$tag.txt" 2>/dev/null

@@ -4,8 +4,8 @@
 
 Writes into --out (default: $OUT): each executed notebook (outputs kept, `<name>.ipynb`), `summary.json` and
 `summary.txt` with the device, date, library versions, each notebook's wall time split into the kernel's start, its
-cells' own time and the kernel's shutdown, and its slowest cells (from nbclient's per-cell timestamps: the cell's number, first line and
-seconds); exits 1 if any notebook
+cells' own time and the kernel's shutdown, and its slowest cells (from nbclient's per-cell timestamps: the cell's
+number, first line and seconds); exits 1 if any notebook
 failed (its executed copy shows where). Needs nbclient and ipykernel (benchmarks/gpu_wheels.txt lists the wheels).
 `--device cpu` runs the same on a CPU (small sizes), for a check anywhere.
 """
@@ -54,18 +54,17 @@ def timed_cells(nb) -> list[dict]:
     return timed
 
 
-def slowest_cells(nb, n: int = 4) -> list[dict]:
-    """The n code cells that took longest: [{cell, line, seconds}]."""
+def slowest_cells(timed: list[dict], n: int = 4) -> list[dict]:
+    """The n of ``timed_cells`` that took longest: [{cell, line, seconds}]."""
     return [{"cell": c["cell"], "line": c["line"], "seconds": round(c["seconds"], 1)}
-            for c in sorted(timed_cells(nb), key=lambda c: -c["seconds"])[:n]]
+            for c in sorted(timed, key=lambda c: -c["seconds"])[:n]]
 
 
-def split_wall_time(nb, started: float, ended: float) -> dict:
+def split_wall_time(timed: list[dict], started: float, ended: float) -> dict:
     """A notebook's wall time (``started`` before the client starts the kernel, ``ended`` when it has shut it down;
     epoch seconds) in parts: kernel_start_s up to the first cell's execute_input, cells_s the cells' own seconds
     summed, shutdown_s from the last cell's reply to the end (no reader waits for it in JupyterLab); the rest is the
-    client's round trips between cells."""
-    timed = timed_cells(nb)
+    client's round trips between cells. ``timed``: the notebook's ``timed_cells``."""
     if not timed:
         return {"kernel_start_s": None, "cells_s": 0.0, "shutdown_s": None}
     return {"kernel_start_s": round(min(c["start"] for c in timed) - started, 1),
@@ -116,9 +115,10 @@ def main(argv=None) -> int:
         seconds, ended = time.perf_counter() - t0, time.time()
         nb.metadata["treewy_run"] = {"device": device, "date": summary["date"], "seconds": round(seconds, 1)}
         nbformat.write(nb, out / path.name)
+        timed = timed_cells(nb)
         summary["notebooks"].append({"notebook": path.name, "seconds": round(seconds, 1), "ok": error is None,
-                                     "error": error, **split_wall_time(nb, started, ended),
-                                     "slowest_cells": slowest_cells(nb)})
+                                     "error": error, **split_wall_time(timed, started, ended),
+                                     "slowest_cells": slowest_cells(timed)})
         tqdm.write(f"{path.name}: {'ok' if error is None else 'FAILED'} in {seconds:.1f} s" + (f" ({error})" if error else ""))
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     lines = [f"{device}, {summary['date']}; " + ", ".join(f"{k} {v}" for k, v in summary["versions"].items() if v), ""]
