@@ -106,7 +106,8 @@ def freeze_loaded_libraries() -> bool:
     by ``setup()``; frozen, its full collections took 0.55 s instead of 0.80 s, and its exit after the last cell
     0.6 s instead of 1.4 s (a restart waits on that exit). Objects made later are collected as before; nothing is
     frozen outside a kernel, or a second time (a later ``setup()`` would freeze the notebook's own objects: a model
-    frozen in a reference cycle would never be freed). Returns whether it froze."""
+    frozen in a reference cycle would never be freed). That is why ``setup()`` belongs in a notebook's first cell:
+    what earlier cells made is frozen with the libraries. Returns whether it froze."""
     from IPython import get_ipython
 
     if getattr(get_ipython(), "kernel", None) is None or gc.get_freeze_count():
