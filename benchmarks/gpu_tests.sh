@@ -17,7 +17,10 @@ set -u
 out=${1:?usage: gpu_tests.sh OUT [LIMIT_S] [first test ids ...]}
 limit=${2:-560}
 shift $(( $# >= 2 ? 2 : 1 ))
-# the property tests first: xdist hands out tests in this order, and theirs are the longest (up to 174 s each)
+# the property tests first, as they are the longest (up to 279 s each, H100 2026-12-07). xdist's default `load`
+# hands each worker a run of consecutive tests at the start, so all seven went to one worker, one after another
+# (514 s, and the part hit its limit: gpu_tests_h100_2026-12-07.md); `--dist worksteal` lets idle workers take the
+# tests still queued on a busy one, so the longest single test bounds the part instead
 kernels="tests/test_properties.py tests/test_serve_spec_step.py tests/test_serve_reconstruct.py tests/test_verify.py
     tests/test_commit.py tests/test_store_all.py tests/test_conv.py tests/test_input_checks.py
     tests/test_tree_attention.py tests/test_serve_tree_spec.py"
@@ -44,7 +47,7 @@ run_part() {
     shift 2
     left=$(( limit - ($(date +%s) - start) ))
     echo "part $name ($workers workers):" "$@" >> "$out/gpu_tests.log"
-    if [ "$workers" -gt 1 ]; then set -- -n "$workers" "$@"; fi
+    if [ "$workers" -gt 1 ]; then set -- -n "$workers" --dist worksteal "$@"; fi
     timeout "$left" python3 -m pytest -v -rf -p no:cacheprovider "$@" >> "$out/gpu_tests.log" 2>&1
 }
 rc=0

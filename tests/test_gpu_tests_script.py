@@ -31,7 +31,8 @@ def test_an_unknown_part_is_refused_before_anything_runs(tmp_path):
 
 def test_the_kernels_run_on_twelve_workers_and_the_engines_in_one_process(tmp_path):
     """Host-bound engine tests slow down many times over beside other processes on the GPU: `all` runs the
-    kernels' files on 12 workers, then the engines' files without xdist (python3 and nvidia-smi stubbed)."""
+    kernels' files on 12 workers that take each other's queued tests, then the engines' files without xdist
+    (python3 and nvidia-smi stubbed)."""
     import os
     import subprocess
     from pathlib import Path
@@ -50,5 +51,6 @@ def test_the_kernels_run_on_twelve_workers_and_the_engines_in_one_process(tmp_pa
     assert len(runs) == 2
     kernels, engines = runs
     assert kernels[kernels.index("-n") + 1] == "12" and "tests/test_verify.py" in kernels
+    assert kernels[kernels.index("--dist") + 1] == "worksteal"   # the long property tests spread over workers
     assert "-n" not in engines and "tests/test_decode_graph.py" in engines
     assert "tests/test_decode_graph.py" not in kernels and "tests/test_verify.py" not in engines
