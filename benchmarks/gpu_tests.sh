@@ -12,7 +12,7 @@
 # (test_decode_graph, test_serve_tree_plugin) on one. The engines' tests are host-bound (many small launches and
 # reads back), and several processes sharing the GPU slow them by up to 14x (H200, 2026-12-02: one tree-plugin
 # test 30 s alone, 422 s beside 11 other workers; 12 of them 32 s in one process, while 4 workers finished 4 in
-# 400 s). GPU_TESTS_PART=kernels (405 s on 12 workers) or engines picks one part per run; all runs both.
+# 400 s). GPU_TESTS_PART=kernels (304 s on 12 workers) or engines (174 s) picks one part per run; all runs both.
 set -u
 out=${1:?usage: gpu_tests.sh OUT [LIMIT_S] [first test ids ...]}
 limit=${2:-560}
@@ -20,7 +20,7 @@ shift $(( $# >= 2 ? 2 : 1 ))
 # the property tests first, as they are the longest (up to 279 s each, H100 2026-12-07). xdist's default `load`
 # hands each worker a run of consecutive tests at the start, so all seven went to one worker, one after another
 # (514 s, and the part hit its limit: gpu_tests_h100_2026-12-07.md); `--dist worksteal` lets idle workers take the
-# tests still queued on a busy one, so the part should last about as long as its longest test (not yet run on a GPU)
+# tests still queued on a busy one: 303.9 s for the part, its longest test 154 s (H100, gpu_tests_h100_2026-12-07b.md)
 kernels="tests/test_properties.py tests/test_serve_spec_step.py tests/test_serve_reconstruct.py tests/test_verify.py
     tests/test_commit.py tests/test_store_all.py tests/test_conv.py tests/test_input_checks.py
     tests/test_tree_attention.py tests/test_serve_tree_spec.py"
