@@ -18,9 +18,10 @@ out=${1:?usage: gpu_tests.sh OUT [LIMIT_S] [first test ids ...]}
 limit=${2:-560}
 shift $(( $# >= 2 ? 2 : 1 ))
 # the property tests first, as they are the longest (up to 279 s each, H100 2026-12-07). xdist's default `load`
-# hands each worker a run of consecutive tests at the start, so all seven went to one worker, one after another
-# (514 s, and the part hit its limit: gpu_tests_h100_2026-12-07.md); `--dist worksteal` lets idle workers take the
-# tests still queued on a busy one: 303.9 s for the part, its longest test 154 s (H100, gpu_tests_h100_2026-12-07b.md)
+# hands each worker a run of consecutive tests at the start, so all eight went to one worker, one after another
+# (six in 514 s, then the part hit its limit: gpu_tests_h100_2026-12-07.md); `--dist worksteal` lets idle workers
+# take the tests still queued on a busy one: 303.9 s for the part, its longest test 154 s (H100,
+# gpu_tests_h100_2026-12-07b.md)
 kernels="tests/test_properties.py tests/test_serve_spec_step.py tests/test_serve_reconstruct.py tests/test_verify.py
     tests/test_commit.py tests/test_store_all.py tests/test_conv.py tests/test_input_checks.py
     tests/test_tree_attention.py tests/test_serve_tree_spec.py"
